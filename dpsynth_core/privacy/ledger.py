@@ -1,0 +1,313 @@
+"""The privacy ledger of one private data set: a SQLite file ``run_dir/ledger.sqlite``.
+
+Every mechanism that touches the private data records an event; the ledger composes all events
+into one (epsilon, delta) (see ``composition``), refuses a stage that would exceed the budget
+*before* anything is written, and persists each record in one transaction, so another process
+opening the same run directory sees the same totals.
+
+Pattern for a DP stage::
+
+    ledger.check(stage, event)   # before touching the data; raises BudgetExceededError
+    ...run the mechanism...
+    ledger.record(stage, event)  # checks again and persists atomically
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import tempfile
+from contextlib import closing
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from dpsynth_core.errors import BudgetExceededError, ConfigError
+from dpsynth_core.privacy._validate import check_delta, check_positive
+from dpsynth_core.privacy.composition import compose_with_details
+from dpsynth_core.privacy.events import (
+    DpSgdEvent,
+    GaussianEvent,
+    PostProcessingEvent,
+    SelectionEvent,
+    ZCdpEvent,
+    event_from_dict,
+)
+
+LEDGER_FILE = "ledger.sqlite"
+SCHEMA_VERSION = 1
+_EVENT_TYPES = (DpSgdEvent, GaussianEvent, ZCdpEvent, PostProcessingEvent, SelectionEvent)
+_TOLERANCE = 1e-9  # relative slack for float round-off when comparing with the budget
+
+_SCHEMA = """
+CREATE TABLE meta (
+    schema_version INTEGER NOT NULL,
+    dataset TEXT NOT NULL,
+    epsilon_budget REAL NOT NULL,
+    delta REAL NOT NULL,
+    created TEXT NOT NULL
+);
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    stage TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    params TEXT NOT NULL,
+    epsilon_alone REAL NOT NULL,
+    total_epsilon_after REAL NOT NULL,
+    details TEXT NOT NULL,
+    timestamp TEXT NOT NULL
+);
+"""
+
+
+def default_delta(n: int) -> float:
+    """The default delta for a data set of ``n`` records (or users): 1 / (n ln n), n >= 2."""
+    if isinstance(n, bool) or not float(n).is_integer() or n < 2:
+        raise ConfigError(f"default_delta needs a data set size n >= 2, got {n!r}")
+    n = int(n)
+    return 1.0 / (n * math.log(n))
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One recorded event."""
+
+    id: int
+    stage: str
+    kind: str
+    params: dict[str, Any]
+    epsilon: float  # this event alone, at the ledger's delta
+    total_epsilon_after: float  # composed total once this event was recorded
+    timestamp: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def event(self):
+        """The event object this entry was recorded from."""
+        return event_from_dict(self.kind, self.params)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    # Autocommit mode; writes use explicit BEGIN IMMEDIATE so check+insert is one transaction.
+    return sqlite3.connect(path, timeout=60.0, isolation_level=None)
+
+
+class PrivacyLedger:
+    """Persistent record of every privacy-relevant event of one private data set."""
+
+    def __init__(self, path: Path, dataset: str, epsilon_budget: float, delta: float, created: str):
+        self.path = Path(path)
+        self.dataset = dataset
+        self.epsilon_budget = float(epsilon_budget)
+        self.delta = float(delta)
+        self.created = created
+
+    # ----------------------------------------------------------------------------- lifecycle
+    @classmethod
+    def create(cls, run_dir: str | Path, dataset: str, epsilon_budget: float, delta: float) -> PrivacyLedger:
+        """Create ``run_dir/ledger.sqlite``. If one exists with the same dataset, budget and delta
+        it is reopened (resume); with different ones, ConfigError."""
+        epsilon_budget = check_positive("epsilon_budget", epsilon_budget)
+        delta = check_delta(delta)
+        if not dataset or not isinstance(dataset, str):
+            raise ConfigError("ledger dataset name must be a non-empty string")
+        run_dir = Path(run_dir)
+        path = run_dir / LEDGER_FILE
+        if path.exists():
+            ledger = cls.open(run_dir)
+            same = (
+                ledger.dataset == dataset
+                and math.isclose(ledger.epsilon_budget, epsilon_budget, rel_tol=1e-12)
+                and math.isclose(ledger.delta, delta, rel_tol=1e-12)
+            )
+            if not same:
+                raise ConfigError(
+                    f"{path}: a ledger already exists for dataset={ledger.dataset!r}, "
+                    f"epsilon_budget={ledger.epsilon_budget}, delta={ledger.delta:g}; it does not match "
+                    f"dataset={dataset!r}, epsilon_budget={epsilon_budget}, delta={delta:g}. "
+                    "Use a new run directory."
+                )
+            return ledger
+        run_dir.mkdir(parents=True, exist_ok=True)
+        created = _now()
+        # Build in a temp file and rename: never a half-written ledger.
+        fd, tmp = tempfile.mkstemp(prefix=".ledger-", suffix=".sqlite", dir=run_dir)
+        os.close(fd)
+        try:
+            with closing(sqlite3.connect(tmp)) as conn:
+                conn.executescript(_SCHEMA)
+                conn.execute(
+                    "INSERT INTO meta VALUES (?, ?, ?, ?, ?)",
+                    (SCHEMA_VERSION, dataset, epsilon_budget, delta, created),
+                )
+                conn.commit()
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return cls(path, dataset, epsilon_budget, delta, created)
+
+    @classmethod
+    def open(cls, run_dir: str | Path) -> PrivacyLedger:
+        """Open the ledger of an existing run directory."""
+        path = Path(run_dir) / LEDGER_FILE
+        if not path.is_file():
+            raise ConfigError(f"{path}: no privacy ledger here (is {run_dir} a dpsynth run directory?)")
+        try:
+            with closing(_connect(path)) as conn:
+                row = conn.execute(
+                    "SELECT schema_version, dataset, epsilon_budget, delta, created FROM meta"
+                ).fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(f"{path}: not a readable privacy ledger ({exc})") from None
+        if row is None:
+            raise ConfigError(f"{path}: ledger has no meta row")
+        version, dataset, budget, delta, created = row
+        if version != SCHEMA_VERSION:
+            raise ConfigError(f"{path}: ledger schema version {version}, expected {SCHEMA_VERSION}")
+        return cls(path, dataset, budget, delta, created)
+
+    # ----------------------------------------------------------------------------- reading
+    def entries(self) -> list[LedgerEntry]:
+        """All recorded events, oldest first."""
+        with closing(_connect(self.path)) as conn:
+            return self._entries(conn)
+
+    @staticmethod
+    def _entries(conn: sqlite3.Connection) -> list[LedgerEntry]:
+        rows = conn.execute(
+            "SELECT id, stage, kind, params, epsilon_alone, total_epsilon_after, timestamp, details "
+            "FROM events ORDER BY id"
+        ).fetchall()
+        return [
+            LedgerEntry(
+                id=r[0], stage=r[1], kind=r[2], params=json.loads(r[3]), epsilon=r[4],
+                total_epsilon_after=r[5], timestamp=r[6], details=json.loads(r[7]),
+            )
+            for r in rows
+        ]
+
+    def events(self) -> list:
+        """The recorded events as event objects."""
+        return [e.event() for e in self.entries()]
+
+    def _compose(self, events: list) -> tuple[float, str, dict[str, float]]:
+        return compose_with_details(events, self.delta)
+
+    def total_epsilon(self) -> float:
+        """Composed epsilon of everything recorded, at the ledger's delta."""
+        return self._compose(self.events())[0]
+
+    def remaining_epsilon(self) -> float:
+        """Budget left (never negative)."""
+        return max(0.0, self.epsilon_budget - self.total_epsilon())
+
+    # ----------------------------------------------------------------------------- writing
+    @staticmethod
+    def _validate(stage: str, event) -> None:
+        if not isinstance(stage, str) or not stage.strip():
+            raise ConfigError("ledger stage name must be a non-empty string")
+        if not isinstance(event, _EVENT_TYPES):
+            raise ConfigError(
+                f"stage {stage!r}: unknown privacy event type {type(event).__name__}; expected one of "
+                + ", ".join(t.__name__ for t in _EVENT_TYPES)
+            )
+
+    def _projected(self, stage: str, event, existing: list) -> float:
+        projected = self._compose([*existing, event])[0]
+        if not projected <= self.epsilon_budget * (1.0 + _TOLERANCE):
+            raise BudgetExceededError(
+                f"stage {stage!r} ({event.kind}) refused: it would take the privacy spend of dataset "
+                f"{self.dataset!r} to epsilon={projected:.4f} (delta={self.delta:g}), over the budget "
+                f"epsilon={self.epsilon_budget:g}; already spent {self._compose(existing)[0]:.4f}"
+            )
+        return projected
+
+    def check(self, stage: str, event) -> float:
+        """Projected total epsilon if ``event`` were recorded; BudgetExceededError if over budget.
+        Writes nothing."""
+        self._validate(stage, event)
+        return self._projected(stage, event, self.events())
+
+    def record(self, stage: str, event, details: dict | None = None) -> float:
+        """Check against the budget and persist ``event`` in one transaction; returns the new total."""
+        self._validate(stage, event)
+        try:
+            details_json = json.dumps(details or {}, default=str, sort_keys=True)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"stage {stage!r}: ledger details must be JSON-serialisable ({exc})") from None
+        eps_alone = event.epsilon(self.delta)
+        with closing(_connect(self.path)) as conn:
+            conn.execute("BEGIN IMMEDIATE")  # lock: no other process records between check and insert
+            try:
+                existing = [e.event() for e in self._entries(conn)]
+                total = self._projected(stage, event, existing)
+                conn.execute(
+                    "INSERT INTO events (stage, kind, params, epsilon_alone, total_epsilon_after, details, timestamp) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (stage, event.kind, json.dumps(event.params(), sort_keys=True), eps_alone, total,
+                     details_json, _now()),
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return total
+
+    # ----------------------------------------------------------------------------- reporting
+    def to_dict(self) -> dict[str, Any]:
+        """Everything, JSON-ready (for metrics.json)."""
+        entries = self.entries()
+        total, method, candidates = self._compose([e.event() for e in entries])
+        return {
+            "dataset": self.dataset,
+            "epsilon_budget": self.epsilon_budget,
+            "delta": self.delta,
+            "created": self.created,
+            "total_epsilon": total,
+            "remaining_epsilon": max(0.0, self.epsilon_budget - total),
+            "composition_method": method,
+            "composition_candidates": candidates,
+            "sum_of_event_epsilons": sum(e.epsilon for e in entries),
+            "entries": [asdict(e) for e in entries],
+        }
+
+    def render(self) -> str:
+        """A human table: one row per event, then the composed total against the budget."""
+        import io
+
+        from rich.console import Console
+        from rich.table import Table
+
+        entries = self.entries()
+        total, method, _ = self._compose([e.event() for e in entries])
+        table = Table(title=f"privacy ledger: {self.dataset} (delta={self.delta:.3g})")
+        for name, justify in (("#", "right"), ("stage", "left"), ("kind", "left"), ("params", "left"),
+                              ("eps alone", "right"), ("total after", "right"), ("time (UTC)", "left")):
+            table.add_column(name, justify=justify)
+        for e in entries:
+            params = ", ".join(f"{k}={_fmt(v)}" for k, v in e.params.items()) or "-"
+            table.add_row(str(e.id), e.stage, e.kind, params, f"{e.epsilon:.4f}",
+                          f"{e.total_epsilon_after:.4f}", e.timestamp.replace("+00:00", ""))
+        buf = io.StringIO()
+        console = Console(file=buf, width=120, color_system=None, force_terminal=False)
+        console.print(table)
+        naive = sum(e.epsilon for e in entries)
+        console.print(
+            f"composed: epsilon={total:.4f} at delta={self.delta:.3g} (bound: {method}); "
+            f"budget {self.epsilon_budget:g}, remaining {max(0.0, self.epsilon_budget - total):.4f}; "
+            f"naive sum of eps {naive:.4f}"
+        )
+        return buf.getvalue()
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
