@@ -1,0 +1,71 @@
+"""The registry loads the embedded models from PyPI packages, offline, and caches them."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from dpsynth_core.errors import ConfigError
+from dpsynth_core.models import list_models, load_causal_lm, load_embedder, pull, resolve_model_dir
+
+
+def test_tiny_llama_forward_pass():
+    model, tokenizer = load_causal_lm("tiny-llama")
+    batch = tokenizer(["hello world", "a longer second prompt here"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model(**batch)
+    assert out.logits.shape[:2] == batch["input_ids"].shape
+    assert out.logits.shape[-1] == len(tokenizer)
+    assert torch.isfinite(out.logits).all()
+    assert tokenizer.padding_side == "left" and tokenizer.pad_token is not None
+
+
+def test_tiny_llama_is_deterministic_and_cached():
+    first = resolve_model_dir("tiny-llama")
+    assert pull("tiny-llama") == first
+    assert (first / "config.json").is_file() and list(first.glob("*.safetensors"))
+
+
+def test_smollm2_generates_a_continuation():
+    model, tokenizer = load_causal_lm("smollm2-135m-instruct")
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    out = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+    text = tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert text.strip(), "empty continuation"
+    assert "Paris" in text  # the real pretrained weights, not a random init
+
+
+def test_smollm2_cached_load_is_plain_safetensors():
+    path = resolve_model_dir("smollm2-135m-instruct")
+    assert list(path.glob("*.safetensors")), "dequantized weights should be cached as safetensors"
+    # a second process loads from the cache without touching the GGUF
+    code = (
+        "import time; t=time.time(); from dpsynth_core.models import load_causal_lm; "
+        "load_causal_lm('smollm2-135m-instruct'); print(time.time()-t)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert float(out.stdout.strip().splitlines()[-1]) < 15.0
+
+
+def test_minilm_embeddings_are_normalised_and_semantic():
+    embedder = load_embedder("minilm")
+    vectors = embedder.encode(["Neurons fire action potentials.", "Synapses transmit nerve signals.", "The stock market fell."])
+    assert vectors.shape == (3, embedder.dim) == (3, 384)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2]
+
+
+def test_unknown_model_gives_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="neither an embedded model"):
+        resolve_model_dir("no-such-org/no-such-model-xyz")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="no config.json"):
+        resolve_model_dir(str(tmp_path / "empty"))
+
+
+def test_list_models_names_the_embedded_ones():
+    names = {spec.name for spec in list_models()}
+    assert {"smollm2-135m-instruct", "gemma3-270m", "tiny-llama", "minilm"} <= names
