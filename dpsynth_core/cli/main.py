@@ -1,0 +1,57 @@
+"""Entry point of the ``dpsynth`` CLI.
+
+Each command group lives in its own module and exposes a ``typer.Typer`` named ``app``.
+Errors derived from :class:`DpsynthError` are printed as one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from dpsynth_core.cli import data, jobs, ledger, models, privacy, run, serve, train
+from dpsynth_core.cli import eval as eval_cmd
+from dpsynth_core.errors import DpsynthError
+
+_app = typer.Typer(
+    name="dpsynth",
+    help="Differentially private synthetic text and tables on Ray.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+_app.add_typer(privacy.app, name="privacy")
+_app.add_typer(ledger.app, name="ledger")
+_app.add_typer(models.app, name="models")
+_app.add_typer(data.app, name="data")
+_app.add_typer(train.app, name="train")
+_app.add_typer(run.app, name="run")
+_app.add_typer(serve.app, name="serve")
+_app.add_typer(eval_cmd.app, name="eval")
+_app.add_typer(jobs.app, name="jobs")
+jobs.register_top_level(_app)  # `dpsynth submit` and `dpsynth tune`
+
+
+def app() -> None:
+    """Console-script entry: run the CLI, turning user-facing errors into one clean line."""
+    try:
+        _app(standalone_mode=False)
+    except DpsynthError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        sys.exit(2)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        typer.secho("aborted", err=True)
+        sys.exit(1)
+    except Exception as exc:  # click usage errors arrive here in non-standalone mode
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
+
+
+main = app

@@ -1,0 +1,82 @@
+"""`dpsynth privacy epsilon|calibrate|zcdp`: accountants and noise calibration from the shell."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+
+app = typer.Typer(help="Privacy accounting: epsilon of a DP-SGD run, noise calibration.", no_args_is_help=True)
+
+_ACCOUNTANT_HELP = "pld (Google dp-accounting, tightest), rdp, prv (Microsoft), or all."
+
+
+@app.command()
+def epsilon(
+    sampling_rate: float = typer.Option(..., "--sampling-rate", "-q", help="Poisson sampling rate q in (0, 1]."),
+    noise_multiplier: float = typer.Option(..., "--noise-multiplier", "-s", help="sigma / clipping norm (> 0)."),
+    steps: int = typer.Option(..., "--steps", "-T", help="Number of DP-SGD steps (>= 1)."),
+    delta: float = typer.Option(..., "--delta", help="Target delta in (0, 1)."),
+    accountant: str = typer.Option("all", "--accountant", "-a", help=_ACCOUNTANT_HELP),
+) -> None:
+    """Epsilon of DP-SGD (Poisson-subsampled Gaussian) by each accountant."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from dpsynth_core.privacy import ACCOUNTANTS, PrivacyParameterError, epsilon_dpsgd
+
+    names = ACCOUNTANTS if accountant == "all" else (accountant,)
+    if accountant != "all" and accountant not in ACCOUNTANTS:
+        raise PrivacyParameterError(f"--accountant must be one of pld, rdp, prv, all; got {accountant!r}")
+    console = Console()
+    console.print(
+        f"DP-SGD (Poisson-subsampled Gaussian): sampling_rate={sampling_rate:g}, "
+        f"noise_multiplier={noise_multiplier:g}, steps={steps}, delta={delta:g}"
+    )
+    table = Table()
+    table.add_column("accountant")
+    table.add_column("epsilon", justify="right")
+    table.add_column("time (s)", justify="right")
+    for name in names:
+        start = time.perf_counter()
+        eps = epsilon_dpsgd(sampling_rate, noise_multiplier, steps, delta, name)
+        table.add_row(name, f"{eps:.4f}", f"{time.perf_counter() - start:.2f}")
+    console.print(table)
+
+
+@app.command()
+def calibrate(
+    epsilon: float = typer.Option(..., "--epsilon", "-e", help="Target epsilon (> 0)."),
+    delta: float = typer.Option(..., "--delta", help="Target delta in (0, 1)."),
+    sampling_rate: float = typer.Option(..., "--sampling-rate", "-q", help="Poisson sampling rate q in (0, 1]."),
+    steps: int = typer.Option(..., "--steps", "-T", help="Number of DP-SGD steps (>= 1)."),
+    accountant: str = typer.Option("pld", "--accountant", "-a", help="pld, rdp or prv."),
+) -> None:
+    """Smallest noise multiplier giving (epsilon, delta)-DP for DP-SGD, and the epsilon it achieves."""
+    from dpsynth_core.privacy import calibrate_noise_multiplier, epsilon_dpsgd
+
+    start = time.perf_counter()
+    sigma = calibrate_noise_multiplier(epsilon, delta, sampling_rate, steps, accountant)
+    achieved = epsilon_dpsgd(sampling_rate, sigma, steps, delta, accountant)
+    typer.echo(f"noise_multiplier: {sigma:.4f}")
+    typer.echo(
+        f"achieved epsilon: {achieved:.4f} (target {epsilon:g}, delta={delta:g}, q={sampling_rate:g}, "
+        f"steps={steps}, accountant={accountant}; {time.perf_counter() - start:.1f} s)"
+    )
+
+
+@app.command()
+def zcdp(
+    delta: float = typer.Option(..., "--delta", help="Target delta in (0, 1)."),
+    rho: float = typer.Option(None, "--rho", help="zCDP rho to convert to epsilon."),
+    epsilon: float = typer.Option(None, "--epsilon", "-e", help="Epsilon to convert to the largest rho."),
+) -> None:
+    """Convert rho-zCDP <-> (epsilon, delta)-DP (Canonne-Kamath-Steinke 2020, as AIM uses)."""
+    from dpsynth_core.privacy import PrivacyParameterError, epsilon_to_zcdp, zcdp_to_epsilon
+
+    if (rho is None) == (epsilon is None):
+        raise PrivacyParameterError("give exactly one of --rho or --epsilon")
+    if rho is not None:
+        typer.echo(f"rho={rho:g} -> epsilon={zcdp_to_epsilon(rho, delta):.4f} at delta={delta:g}")
+    else:
+        typer.echo(f"epsilon={epsilon:g}, delta={delta:g} -> rho={epsilon_to_zcdp(epsilon, delta):.6g}")

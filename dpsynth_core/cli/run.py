@@ -1,0 +1,48 @@
+"""`dpsynth run actg|wasp|augpe|dpfair --config FILE`.
+
+Each pipeline's driver lives in ``ray_jobs/<name>.py`` and exposes
+``main(config_path: Path, resume: bool = True) -> Path`` returning the run directory.
+Imports are lazy so that `dpsynth --help` does not import Ray.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(help="Run a synthesis pipeline end to end.", no_args_is_help=True)
+
+_CONFIG = typer.Option(..., "--config", "-c", help="Pipeline config (YAML).", exists=False)
+_FRESH = typer.Option(False, "--fresh", help="Ignore completed stages and start over in a new run directory.")
+
+
+def _run(pipeline: str, config: Path, fresh: bool) -> None:
+    driver = importlib.import_module(f"ray_jobs.{pipeline}")
+    run_dir = driver.main(config, resume=not fresh)
+    typer.echo(f"run directory: {run_dir}")
+
+
+@app.command()
+def actg(config: Path = _CONFIG, fresh: bool = _FRESH) -> None:
+    """ACTG-ARL: attributes -> AIM features -> DP conditional generator -> Best-of-N -> Anchored RL."""
+    _run("actg", config, fresh)
+
+
+@app.command()
+def wasp(config: Path = _CONFIG, fresh: bool = _FRESH) -> None:
+    """WASP: several PLMs, Top-Q DP voting, contrastive prompts, PLM re-weighting."""
+    _run("wasp", config, fresh)
+
+
+@app.command()
+def augpe(config: Path = _CONFIG, fresh: bool = _FRESH) -> None:
+    """Aug-PE: private evolution with one PLM and a nearest-neighbour DP histogram."""
+    _run("augpe", config, fresh)
+
+
+@app.command()
+def dpfair(config: Path = _CONFIG, fresh: bool = _FRESH) -> None:
+    """DPFairLLM: DP and fair tabular synthesis with a fine-tuned LLM."""
+    _run("dpfair", config, fresh)
