@@ -1,0 +1,114 @@
+"""The privacy plan of a DP-SGD stage: unit count, delta, sampling rate, calibrated noise.
+
+Everything here runs before any private text is read (only the number of privacy units is used,
+which DP-SGD accounting treats as public), and ``ledger.check`` is called here, so a stage that
+would exceed the budget fails before touching data.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dpsynth_core.dpsgd.config import DpSgdConfig, TrainExample
+from dpsynth_core.dpsgd.sampling import PrivacyUnits
+from dpsynth_core.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    noise_multiplier: float
+    sampling_rate: float
+    delta: float
+    steps: int
+    n_units: int
+    user_level: bool
+    target_epsilon: float
+    accountant: str
+
+    def event(self, steps: int | None = None):
+        """The ledger event for ``steps`` steps (default: the planned number)."""
+        from dpsynth_core.privacy import DpSgdEvent
+
+        return DpSgdEvent(
+            noise_multiplier=self.noise_multiplier,
+            sampling_rate=self.sampling_rate,
+            steps=self.steps if steps is None else int(steps),
+        )
+
+    def epsilon_after(self, steps: int) -> float:
+        """Epsilon spent after ``steps`` steps (0 before the first)."""
+        if steps <= 0:
+            return 0.0
+        from dpsynth_core.privacy import epsilon_dpsgd
+
+        return float(
+            epsilon_dpsgd(self.sampling_rate, self.noise_multiplier, int(steps), self.delta, accountant=self.accountant)
+        )
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def resolve_delta(config: DpSgdConfig, n_units: int, ledger=None) -> float:
+    if ledger is not None:
+        delta = float(ledger.delta)
+        if config.delta is not None and not math.isclose(config.delta, delta, rel_tol=1e-9):
+            raise ConfigError(
+                f"field 'delta': config says {config.delta} but the run's privacy ledger uses {delta}; "
+                "drop 'delta' from the config or make them equal"
+            )
+    elif config.delta is not None:
+        delta = float(config.delta)
+    else:
+        from dpsynth_core.privacy import default_delta
+
+        delta = float(default_delta(max(n_units, 2)))
+    if delta >= 1.0 / n_units:
+        raise ConfigError(
+            f"field 'delta': {delta:g} must be < 1/n = {1.0 / n_units:g} (n = {n_units} privacy units); "
+            "a delta that large allows publishing a record outright"
+        )
+    return delta
+
+
+def plan_privacy(
+    config: DpSgdConfig,
+    examples: Sequence[TrainExample],
+    *,
+    ledger=None,
+    stage: str = "dpsgd",
+) -> PrivacyPlan:
+    """Validate the budget-related config, calibrate sigma, and ``ledger.check`` the event."""
+    units = PrivacyUnits.from_user_ids([e.user_id for e in examples])
+    n = len(units)
+    if n == 0:
+        raise ConfigError("no training examples: the training data is empty")
+    unit_name = "users" if units.user_level else "examples"
+    if config.expected_batch_size > n:
+        raise ConfigError(
+            f"field 'expected_batch_size': {config.expected_batch_size} is larger than the number of "
+            f"training {unit_name} ({n})"
+        )
+    delta = resolve_delta(config, n, ledger)
+    from dpsynth_core.dpsgd.engine import validate_target_modules
+
+    validate_target_modules(config)
+    q = config.expected_batch_size / n
+    from dpsynth_core.privacy import calibrate_noise_multiplier
+
+    sigma = float(calibrate_noise_multiplier(config.epsilon, delta, q, config.steps, accountant=config.accountant))
+    plan = PrivacyPlan(
+        noise_multiplier=sigma,
+        sampling_rate=q,
+        delta=delta,
+        steps=config.steps,
+        n_units=n,
+        user_level=units.user_level,
+        target_epsilon=config.epsilon,
+        accountant=config.accountant,
+    )
+    if ledger is not None:
+        ledger.check(stage, plan.event())  # raises BudgetExceededError before any data is read
+    return plan

@@ -1,0 +1,98 @@
+"""Training checkpoints: adapter, optimizer, step/accounting state and sampler seed, written atomically.
+
+The sampler is counter-based (see ``sampling.py``): its whole RNG state is (seed, step), both
+stored here, so a resumed run draws exactly the batches an uninterrupted run would have drawn.
+A checkpoint holds the secret sampling seed: it is private state, like the data, never an output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from dpsynth_core.dpsgd.config import DpSgdConfig
+
+ADAPTER_FILE = "adapter.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+STATE_FILE = "train_state.json"
+# Fields that may change between an interrupted run and its resumption without changing the result.
+_RESUME_FREE_FIELDS = {"stop_after_steps", "checkpoint_every", "num_workers", "torch_threads", "device", "merge_adapter"}
+
+
+def config_fingerprint(config: DpSgdConfig, n_units: int) -> str:
+    """Hash of everything that determines the training trajectory and the privacy accounting."""
+    data = config.model_dump(mode="json", exclude=_RESUME_FREE_FIELDS)
+    data["n_units"] = n_units
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class TrainState:
+    """Accounting/step state that travels with a checkpoint (no private values)."""
+
+    step: int
+    sampling_seed: int
+    noise_multiplier: float
+    sampling_rate: float
+    delta: float
+    fingerprint: str
+    history: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainState:
+        return cls(**json.loads(text))
+
+
+def write_checkpoint_files(directory: Path, adapter_state: dict, optimizer_state: dict, state: TrainState) -> None:
+    """Write the three checkpoint files into an existing (fresh) directory."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    save_file(adapter_state, str(directory / ADAPTER_FILE))
+    torch.save(optimizer_state, directory / OPTIMIZER_FILE)
+    (directory / STATE_FILE).write_text(state.to_json(), encoding="utf-8")
+
+
+def save_checkpoint(directory: Path, adapter_state: dict, optimizer_state: dict, state: TrainState) -> Path:
+    """Atomically replace ``directory`` with a new checkpoint (never a half-written one)."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
+    try:
+        write_checkpoint_files(staging, adapter_state, optimizer_state, state)
+        old = None
+        if directory.exists():
+            old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
+            os.replace(directory, old)
+        os.replace(staging, directory)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return directory
+
+
+def is_checkpoint(directory: Path) -> bool:
+    d = Path(directory)
+    return all((d / f).is_file() for f in (ADAPTER_FILE, OPTIMIZER_FILE, STATE_FILE))
+
+
+def load_checkpoint(directory: Path) -> tuple[dict, dict, TrainState]:
+    from safetensors.torch import load_file
+
+    d = Path(directory)
+    adapter = load_file(str(d / ADAPTER_FILE))
+    optimizer = torch.load(d / OPTIMIZER_FILE, map_location="cpu", weights_only=False)
+    state = TrainState.from_json((d / STATE_FILE).read_text(encoding="utf-8"))
+    return adapter, optimizer, state

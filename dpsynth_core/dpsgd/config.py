@@ -1,0 +1,109 @@
+"""Typed settings and result objects of the DP-SGD LoRA engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from dpsynth_core.config import StrictConfig
+
+
+@dataclass(frozen=True)
+class TrainExample:
+    """One training record: the loss is taken on ``target`` tokens only (``prompt`` is context).
+
+    ``user_id`` switches the privacy unit from the record to the user (user-level DP).
+    """
+
+    prompt: str
+    target: str
+    user_id: str | None = None
+
+
+class LoraSettings(StrictConfig):
+    """peft LoRA hyper-parameters."""
+
+    r: int = Field(8, ge=1)
+    alpha: int = Field(16, ge=1)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"], min_length=1)
+
+
+class DpSgdConfig(StrictConfig):
+    """One DP-SGD LoRA fine-tuning stage.
+
+    ``expected_batch_size`` is the expected Poisson logical batch (records, or users under
+    user-level DP); it is processed in chunks of ``physical_batch_size`` rows per worker.
+    The noise multiplier is calibrated so that ``steps`` steps spend exactly ``epsilon`` at ``delta``.
+    """
+
+    model: str = "smollm2-135m-instruct"
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    epsilon: float
+    delta: float | None = None
+    max_grad_norm: float = Field(1.0, gt=0)
+    expected_batch_size: int = Field(32, ge=1)
+    physical_batch_size: int = Field(8, ge=1)
+    steps: int = Field(..., ge=1)
+    learning_rate: float = Field(5e-4, gt=0)
+    clipping: Literal["ghost", "hooks"] = "ghost"
+    accountant: Literal["pld", "rdp", "prv"] = "pld"
+    max_seq_len: int = Field(256, ge=8)
+    seed: int = 0
+    checkpoint_every: int = Field(0, ge=0)
+    num_workers: int = Field(1, ge=1)
+    # --- beyond the shared contract (all optional) ---
+    # User-level DP: at most this many examples of a sampled user per step, averaged into one
+    # per-user loss. k > 1 needs clipping='hooks' (ghost norms are per row, not per user).
+    max_examples_per_user: int = Field(1, ge=1)
+    # Seed of the Poisson sampler and the noise. None (default): a fresh secret seed per run,
+    # which amplification by subsampling assumes. Fix it only for reproducible tests.
+    sampling_seed: int | None = None
+    weight_decay: float = Field(0.0, ge=0)
+    merge_adapter: bool = False  # also write a merged full model next to the adapter
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    gpu_strategy: Literal["ddp", "fsdp2"] = "ddp"  # fsdp2 = opacus ghost_fsdp for 7B-class models
+    stop_after_steps: int | None = Field(None, ge=1)  # testing only: simulate a kill after k steps
+    torch_threads: int | None = Field(None, ge=1)
+
+    @field_validator("epsilon")
+    @classmethod
+    def _positive_epsilon(cls, v: float) -> float:
+        if not v > 0:
+            raise ValueError(f"epsilon must be > 0, got {v}")
+        return v
+
+    @field_validator("delta")
+    @classmethod
+    def _delta_range(cls, v: float | None) -> float | None:
+        if v is not None and not 0 < v < 1:
+            raise ValueError(f"delta must be in (0, 1), got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DpSgdConfig:
+        if self.max_examples_per_user > 1 and self.clipping == "ghost":
+            raise ValueError(
+                "max_examples_per_user > 1 needs clipping='hooks' (ghost clipping bounds each row, "
+                "not each user)"
+            )
+        return self
+
+
+@dataclass
+class TrainResult:
+    """What a DP-SGD stage produced. ``history`` rows: step, loss, epsilon (spent so far)."""
+
+    adapter_dir: Path
+    steps: int
+    epsilon: float
+    noise_multiplier: float
+    history: list[dict] = field(default_factory=list)
+    sampling_rate: float = 0.0
+    delta: float = 0.0
+    curve_png: Path | None = None
+    merged_dir: Path | None = None
+    completed: bool = True  # False only when stop_after_steps interrupted the run

@@ -1,0 +1,268 @@
+"""``train_dp_lora``: the public entry of the DP-SGD engine (in-process; Ray for num_workers > 1).
+
+Order of operations, which is the privacy contract of a stage:
+ 1. validate the config and plan the noise (``budget.plan_privacy``), ``ledger.check`` -- no
+    private text has been read yet;
+ 2. train (resuming from ``output_dir/checkpoint`` when it holds this very config);
+ 3. ``ledger.record`` ONE DpSgdEvent for the steps actually run, then write the outputs
+    (adapter, training-curve PNG, summary) by atomic rename.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from dpsynth_core.dpsgd.budget import PrivacyPlan, plan_privacy
+from dpsynth_core.dpsgd.checkpoint import (
+    TrainState,
+    config_fingerprint,
+    is_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from dpsynth_core.dpsgd.config import DpSgdConfig, TrainExample, TrainResult
+from dpsynth_core.errors import ConfigError
+
+ADAPTER_DIRNAME = "adapter"
+MERGED_DIRNAME = "merged"
+CHECKPOINT_DIRNAME = "checkpoint"
+CURVE_FILENAME = "training_curve.png"
+SUMMARY_FILENAME = "dp_training.json"
+_EPS_POINTS = 10  # epsilon is evaluated at about this many steps (a PLD call costs ~0.7 s)
+
+
+def new_sampling_seed(config: DpSgdConfig) -> int:
+    """A fresh secret seed unless the config pins one (tests)."""
+    return int(config.sampling_seed) if config.sampling_seed is not None else secrets.randbits(62)
+
+
+def epsilon_due(step: int, total: int) -> bool:
+    return step == total or step % max(1, total // _EPS_POINTS) == 0
+
+
+def run_steps(engine, plan: PrivacyPlan, state: TrainState, config: DpSgdConfig, *, on_checkpoint, progress: bool, is_main: bool = True) -> bool:
+    """Run logical steps until ``config.steps`` (True) or ``stop_after_steps`` (False)."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=config.steps, initial=engine.step, desc="dp-sgd", disable=not (progress and is_main), dynamic_ncols=True)
+    last_eps = plan.epsilon_after(engine.step) if engine.step else 0.0
+    try:
+        while engine.step < config.steps:
+            if config.stop_after_steps is not None and engine.step >= config.stop_after_steps:
+                if not config.checkpoint_every:
+                    on_checkpoint(state)
+                return False
+            stats = engine.train_step()
+            step = stats["step"]
+            eps = plan.epsilon_after(step) if epsilon_due(step, config.steps) else None
+            if eps is not None:
+                last_eps = eps
+            state.step = step
+            state.history.append(
+                {"step": step, "loss": stats["loss"], "epsilon": eps, "batch_units": stats["batch_units"]}
+            )
+            bar.update(1)
+            bar.set_postfix(loss=f"{stats['loss']:.3f}", eps=f"{last_eps:.3f}/{plan.target_epsilon:g}")
+            if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.steps:
+                on_checkpoint(state)
+    finally:
+        bar.close()
+    return True
+
+
+def _atomic_dir(target: Path, write: Callable[[Path], None]) -> Path:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        write(staging)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def finalize_run(
+    *,
+    config: DpSgdConfig,
+    plan: PrivacyPlan,
+    state: TrainState,
+    output_dir: Path,
+    write_adapter: Callable[[Path], None],
+    ledger=None,
+    stage: str = "dpsgd",
+    num_workers: int = 1,
+) -> TrainResult:
+    """Record the ledger event once, then publish adapter, curve and summary atomically."""
+    from dpsynth_core.dpsgd.plots import save_training_curve
+
+    steps_run = state.step
+    epsilon = plan.epsilon_after(steps_run)
+    if ledger is not None:
+        # Recorded before anything trained is written: an output never exists unaccounted.
+        ledger.record(
+            stage,
+            plan.event(steps_run),
+            details={"model": config.model, "clipping": config.clipping, "max_grad_norm": config.max_grad_norm,
+                     "user_level": plan.user_level, "n_units": plan.n_units, "num_workers": num_workers},
+        )
+    summary = {
+        "base_model": config.model,
+        "stage": stage,
+        "steps": steps_run,
+        "epsilon": epsilon,
+        "delta": plan.delta,
+        "noise_multiplier": plan.noise_multiplier,
+        "sampling_rate": plan.sampling_rate,
+        "accountant": plan.accountant,
+        "user_level": plan.user_level,
+        "n_units": plan.n_units,
+        "num_workers": num_workers,
+        "config": config.model_dump(mode="json", exclude={"sampling_seed"}),
+    }
+
+    def write(d: Path) -> None:
+        write_adapter(d)
+        (d / SUMMARY_FILENAME).write_text(json.dumps(summary, indent=1), encoding="utf-8")
+
+    output_dir = Path(output_dir)
+    adapter_dir = _atomic_dir(output_dir / ADAPTER_DIRNAME, write)
+    history = state.history
+    curve = save_training_curve(history, output_dir / CURVE_FILENAME, title=f"DP-SGD LoRA on {config.model} (eps={epsilon:.2f})")
+    (output_dir / "history.json").write_text(json.dumps(history), encoding="utf-8")
+    merged = None
+    if config.merge_adapter:
+        merged = _atomic_dir(output_dir / MERGED_DIRNAME, lambda d: save_merged(config.model, adapter_dir, d))
+    shutil.rmtree(output_dir / CHECKPOINT_DIRNAME, ignore_errors=True)  # finished: nothing to resume
+    return TrainResult(
+        adapter_dir=adapter_dir,
+        steps=steps_run,
+        epsilon=epsilon,
+        noise_multiplier=plan.noise_multiplier,
+        history=history,
+        sampling_rate=plan.sampling_rate,
+        delta=plan.delta,
+        curve_png=curve,
+        merged_dir=merged,
+        completed=True,
+    )
+
+
+def resume_state(output_dir: Path, fingerprint: str):
+    """(adapter, optimizer, TrainState) of ``output_dir/checkpoint`` or None; refuses a foreign one."""
+    ckpt = Path(output_dir) / CHECKPOINT_DIRNAME
+    if not is_checkpoint(ckpt):
+        return None
+    adapter, optimizer, state = load_checkpoint(ckpt)
+    if state.fingerprint != fingerprint:
+        raise ConfigError(
+            f"{ckpt}: checkpoint of a different training config (or data); delete it or use another output_dir"
+        )
+    return adapter, optimizer, state
+
+
+def train_dp_lora(
+    examples: Sequence[TrainExample],
+    config: DpSgdConfig,
+    *,
+    output_dir: Path,
+    ledger=None,
+    stage: str = "dpsgd",
+    per_example_penalty=None,
+    progress: bool = True,
+    resume: bool = True,
+) -> TrainResult:
+    """DP-SGD LoRA fine-tuning with (epsilon, delta) = (config.epsilon, ledger delta or config.delta).
+
+    ``per_example_penalty(logits, batch) -> Tensor[B]`` is added to each row's loss before
+    clipping; it must depend on that row only. With ``config.num_workers > 1`` the work runs on
+    Ray Train (``ray_jobs.dp_finetune``). Resumes from ``output_dir/checkpoint`` when present.
+    """
+    examples = list(examples)
+    output_dir = Path(output_dir)
+    if config.num_workers > 1:
+        from ray_jobs.dp_finetune import run_dp_finetune
+
+        return run_dp_finetune(
+            examples, config, output_dir=output_dir, ledger=ledger, stage=stage,
+            per_example_penalty=per_example_penalty, progress=progress, resume=resume,
+        )
+    import torch
+
+    from dpsynth_core.dpsgd.engine import DpSgdEngine
+
+    if config.torch_threads:
+        torch.set_num_threads(config.torch_threads)
+    plan = plan_privacy(config, examples, ledger=ledger, stage=stage)
+    fingerprint = config_fingerprint(config, plan.n_units)
+    restored = resume_state(output_dir, fingerprint) if resume else None
+    seed = restored[2].sampling_seed if restored else new_sampling_seed(config)
+    engine = DpSgdEngine(
+        examples, config, noise_multiplier=plan.noise_multiplier, sampling_seed=seed,
+        per_example_penalty=per_example_penalty,
+    )
+    if restored:
+        adapter, optimizer, state = restored
+        engine.load_adapter_state(adapter)
+        engine.optimizer.load_state_dict(optimizer)
+        engine.step = state.step
+    else:
+        state = TrainState(0, seed, plan.noise_multiplier, plan.sampling_rate, plan.delta, fingerprint, [])
+
+    def checkpoint(st: TrainState) -> None:
+        save_checkpoint(output_dir / CHECKPOINT_DIRNAME, engine.adapter_state(), engine.optimizer.state_dict(), st)
+
+    finished = run_steps(engine, plan, state, config, on_checkpoint=checkpoint, progress=progress)
+    if not finished:
+        return TrainResult(
+            adapter_dir=output_dir / CHECKPOINT_DIRNAME, steps=state.step, epsilon=plan.epsilon_after(state.step),
+            noise_multiplier=plan.noise_multiplier, history=state.history, sampling_rate=plan.sampling_rate,
+            delta=plan.delta, completed=False,
+        )
+    return finalize_run(
+        config=config, plan=plan, state=state, output_dir=output_dir, write_adapter=engine.save_adapter,
+        ledger=ledger, stage=stage,
+    )
+
+
+def save_merged(base_model: str, adapter_dir: Path, out: Path) -> None:
+    """Base + adapter merged into one plain HF model directory (with tokenizer)."""
+    model, tokenizer = load_generator(base_model, adapter_dir)
+    merged = model.merge_and_unload()
+    merged.save_pretrained(str(out), safe_serialization=True)
+    tokenizer.save_pretrained(str(out))
+
+
+def load_generator(base_model: str, adapter_dir: Path | None = None):
+    """(model, tokenizer) ready for ``generate()``: the base with the peft adapter, a merged model
+    directory, or the bare base when ``adapter_dir`` is None. Eval mode; tokenizer pads left."""
+    from dpsynth_core.models import load_causal_lm
+
+    if adapter_dir is None:
+        return load_causal_lm(base_model)
+    adapter_dir = Path(adapter_dir)
+    if not adapter_dir.is_dir():
+        raise ConfigError(f"{adapter_dir}: adapter directory not found")
+    if not (adapter_dir / "adapter_config.json").is_file():
+        if (adapter_dir / "config.json").is_file():  # a merged model
+            return load_causal_lm(str(adapter_dir))
+        raise ConfigError(f"{adapter_dir}: neither a LoRA adapter (adapter_config.json) nor a model (config.json)")
+    from peft import PeftModel
+
+    model, tokenizer = load_causal_lm(base_model)
+    model = PeftModel.from_pretrained(model, str(adapter_dir))
+    model.eval()
+    return model, tokenizer
+
+
+def nan_to_none(x: float) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x

@@ -1,0 +1,167 @@
+"""DP-SGD engine: per-sample gradients, clipping, noise scale, masking, sampling, ledger, resume."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from dpsynth_core.dpsgd import DpSgdConfig, TrainExample, train_dp_lora
+from dpsynth_core.dpsgd.clipping import make_clipper
+from dpsynth_core.dpsgd.data import IGNORE_INDEX, collate, per_example_loss, tokenize_examples
+from dpsynth_core.dpsgd.engine import DistContext, build_lora_model, privatize_and_reduce
+from dpsynth_core.dpsgd.sampling import PoissonSampler
+from dpsynth_core.errors import BudgetExceededError, ConfigError
+
+torch.set_num_threads(2)
+EXAMPLES = [TrainExample(f"Topic {i % 3}:\n", f"text number {i} " * (1 + i % 4)) for i in range(40)]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    cfg = DpSgdConfig(model="tiny-llama", epsilon=1.0, steps=1, device="cpu")
+    model, tok = build_lora_model(cfg, torch.device("cpu"))
+    for n, p in model.named_parameters():
+        if "lora_B" in n:
+            torch.nn.init.normal_(p, std=0.2)  # non-zero so lora_A gets gradients too
+    return model, tok
+
+
+def _batch(tok, n=4):
+    return collate(tokenize_examples(EXAMPLES[:n], tok, 48), tok.pad_token_id)
+
+
+def _losses(module, b):
+    out = module(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"])
+    return per_example_loss(out.logits, b["labels"])
+
+
+def test_labels_masked_on_prompt_and_padding(tiny):
+    _, tok = tiny
+    rows = tokenize_examples(EXAMPLES[:4], tok, 48)
+    b = collate(rows, tok.pad_token_id)
+    for i, r in enumerate(rows):
+        n = len(r.prompt_ids) + len(r.target_ids)
+        assert (b["labels"][i, : len(r.prompt_ids)] == IGNORE_INDEX).all()
+        assert b["labels"][i, len(r.prompt_ids) : n].tolist() == r.target_ids
+        assert (b["labels"][i, n:] == IGNORE_INDEX).all() and (b["attention_mask"][i, n:] == 0).all()
+        assert b["position_ids"][i, :n].tolist() == list(range(n))
+    assert r.target_ids[-1] == tok.eos_token_id  # pad == eos: masked by attention mask, not by id
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+def test_per_sample_clipping_matches_manual_loop(tiny, mode):
+    model, tok = tiny
+    b = _batch(tok)
+    params = [p for p in model.parameters() if p.requires_grad]
+    manual = [torch.autograd.grad(_losses(model, {k: v[i : i + 1] for k, v in b.items()}).sum(), params) for i in range(4)]
+    norms = torch.stack([torch.sqrt(sum((g**2).sum() for g in gs)) for gs in manual])
+    C = float(norms.median())  # some rows clipped, some not
+    clipper = make_clipper(mode, model, C)
+    try:
+        bufs = [torch.zeros_like(p) for p in params]
+        clipper.accumulate(_losses(clipper.module, b), torch.arange(4), 4, bufs)
+    finally:
+        clipper.module._close() if hasattr(clipper.module, "_close") else None
+    assert torch.allclose(clipper.last_norms, norms, rtol=1e-4, atol=1e-6)
+    factors = (C / (norms + 1e-6)).clamp(max=1.0)
+    for j, buf in enumerate(bufs):
+        expect = sum(factors[i] * manual[i][j] for i in range(4))
+        assert torch.allclose(buf, expect, atol=1e-5)
+    clipped = [torch.sqrt(sum(((factors[i] * g) ** 2).sum() for g in manual[i])) for i in range(4)]
+    assert max(clipped) <= C * (1 + 1e-5)
+
+
+def test_noise_has_std_sigma_c_and_is_added_once():
+    sigma, C, B = 1.7, 0.5, 8
+    g = torch.Generator().manual_seed(0)
+    out = privatize_and_reduce(torch.zeros(200_000), noise_multiplier=sigma, max_grad_norm=C, expected_batch_size=B,
+                               dist=DistContext(0, 1), generator=g)
+    z = (out * B / (sigma * C)).numpy()
+    assert stats.kstest(z, "norm").pvalue > 1e-3
+    assert abs(z.std() - 1) < 0.01
+    # a non-zero rank adds no noise: summed over ranks, noise is there exactly once
+    other = privatize_and_reduce(torch.zeros(10), noise_multiplier=sigma, max_grad_norm=C, expected_batch_size=B,
+                                 dist=DistContext(1, 1), generator=None)
+    assert torch.count_nonzero(other) == 0
+
+
+def test_rank_consistent_sampler_steps_and_shards():
+    s = PoissonSampler(10, 2, seed=5)
+    empties = 0
+    for step in range(50):
+        full = s.sample(step)
+        shards = [s.local_units(step, r, 3) for r in range(3)]
+        assert sorted(np.concatenate(shards).tolist()) == full.tolist()
+        empties += sum(len(x) == 0 for x in shards)
+    assert empties > 0  # empty local batches happen, yet every rank has a step for every index
+    counts = [np.mean([len(s.sample(t)) for t in range(2000)])]
+    assert counts[0] == pytest.approx(2, rel=0.1)
+
+
+def _cfg(**kw):
+    base = dict(model="tiny-llama", epsilon=2.0, delta=1e-3, steps=4, expected_batch_size=6, physical_batch_size=4,
+                clipping="hooks", sampling_seed=3, learning_rate=1e-2, device="cpu")
+    base.update(kw)
+    return DpSgdConfig(**base)
+
+
+def test_train_changes_lora_only_and_records_ledger(tmp_path):
+    from safetensors.torch import load_file
+
+    from dpsynth_core.models import load_causal_lm
+    from dpsynth_core.privacy import PrivacyLedger
+
+    ledger = PrivacyLedger.create(tmp_path, "toy", 5.0, 1e-3)
+    res = train_dp_lora(EXAMPLES, _cfg(clipping="ghost"), output_dir=tmp_path / "out", ledger=ledger, progress=False)
+    assert res.steps == 4 and res.epsilon <= 2.0 + 1e-9 and res.epsilon > 1.5
+    assert ledger.total_epsilon() == pytest.approx(res.epsilon, rel=1e-6)
+    assert len(ledger.entries()) == 1
+    lora = load_file(str(res.adapter_dir / "adapter_model.safetensors"))
+    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in lora.items())  # B starts at 0
+    assert all("lora_" in k for k in lora)  # only adapter weights leave the run
+    assert (tmp_path / "out" / "training_curve.png").stat().st_size > 1000
+    from dpsynth_core.dpsgd import load_generator
+
+    model, _ = load_generator("tiny-llama", res.adapter_dir)
+    base, _ = load_causal_lm("tiny-llama")
+    trained = dict(model.get_base_model().named_parameters())
+    for name, p in base.named_parameters():
+        key = name.replace("q_proj.weight", "q_proj.base_layer.weight").replace("v_proj.weight", "v_proj.base_layer.weight")
+        assert torch.equal(trained[key], p), name
+
+
+def test_kill_and_resume_matches_uninterrupted(tmp_path):
+    from safetensors.torch import load_file
+
+    from dpsynth_core.privacy import PrivacyLedger
+
+    full = train_dp_lora(EXAMPLES, _cfg(), output_dir=tmp_path / "full", progress=False)
+    ledger = PrivacyLedger.create(tmp_path / "run", "toy", 5.0, 1e-3)
+    part = train_dp_lora(EXAMPLES, _cfg(checkpoint_every=2, stop_after_steps=3), output_dir=tmp_path / "res",
+                         ledger=ledger, progress=False)
+    assert not part.completed and ledger.entries() == []  # nothing recorded for an unfinished run
+    done = train_dp_lora(EXAMPLES, _cfg(checkpoint_every=2), output_dir=tmp_path / "res", ledger=ledger, progress=False)
+    assert done.steps == full.steps == 4
+    assert ledger.total_epsilon() == pytest.approx(full.epsilon, rel=1e-9) and len(ledger.entries()) == 1
+    a = load_file(str(full.adapter_dir / "adapter_model.safetensors"))
+    b = load_file(str(done.adapter_dir / "adapter_model.safetensors"))
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+
+
+def test_bad_configs_fail_before_training(tmp_path):
+    from dpsynth_core.privacy import PrivacyLedger
+
+    with pytest.raises(ValueError, match="epsilon"):
+        _cfg(epsilon=0)
+    with pytest.raises(ConfigError, match="delta"):
+        train_dp_lora(EXAMPLES, _cfg(delta=0.1), output_dir=tmp_path / "a", progress=False)
+    with pytest.raises(ConfigError, match="expected_batch_size"):
+        train_dp_lora(EXAMPLES, _cfg(expected_batch_size=41), output_dir=tmp_path / "b", progress=False)
+    with pytest.raises(ConfigError, match="q_prj"):
+        train_dp_lora(EXAMPLES, _cfg(lora={"target_modules": ["q_prj"]}), output_dir=tmp_path / "c", progress=False)
+    ledger = PrivacyLedger.create(tmp_path, "toy", 1.0, 1e-3)
+    with pytest.raises(BudgetExceededError):
+        train_dp_lora(EXAMPLES, _cfg(epsilon=2.0), output_dir=tmp_path / "d", ledger=ledger, progress=False)
+    assert not (tmp_path / "d").exists()
