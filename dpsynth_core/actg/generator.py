@@ -1,0 +1,122 @@
+"""ACTG conditional generator: attribute prompts, DP-SGD training under eps2, batched generation.
+
+    template = load_prompt_template("conditional")
+    prompt = format_prompt(schema, row, template, text_description="bioRxiv preprint abstract")
+    examples = build_train_examples(texts, attribute_rows, schema, template, ...)   # private
+    result = train_conditional_generator(examples, dp_config, output_dir=..., ledger=ledger)
+    texts = generate_texts(model, tokenizer, prompts, GenerationSettings(n=3))   # list[list[str]]
+
+Prompts are data files in ``prompts/`` (``conditional.txt`` for ACTG, ``unconditional.txt`` for
+the vanilla ablation); the same template builds the training prompts and the generation prompts.
+Only :func:`build_train_examples` and :func:`train_conditional_generator` touch private records,
+and the latter charges the ledger through the DP-SGD engine; generation is post-processing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import Field
+
+from dpsynth_core.actg.schema import AttributeSchema
+from dpsynth_core.config import StrictConfig
+from dpsynth_core.errors import ConfigError, DataError
+
+PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
+
+
+class GenerationSettings(StrictConfig):
+    """Sampling settings for the generator (post-processing, no privacy cost)."""
+
+    max_new_tokens: int = Field(128, ge=1)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(0.95, gt=0.0, le=1.0)
+    batch_size: int = Field(16, ge=1)
+    seed: int = 0
+
+
+def load_prompt_template(name_or_path: str | Path = "conditional") -> str:
+    """A prompt template: a name in ``prompts/`` (``conditional``, ``unconditional``) or a path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PROMPTS_DIR / f"{name_or_path}.txt"
+    if not path.is_file():
+        raise ConfigError(f"{path}: prompt template not found (built-in: conditional, unconditional)")
+    text = path.read_text(encoding="utf-8")
+    if "{description}" not in text:
+        raise ConfigError(f"{path}: prompt template must contain the placeholder {{description}}")
+    return text
+
+
+def format_prompt(schema: AttributeSchema | None, row: dict[str, str] | None, template: str,
+                  *, text_description: str) -> str:
+    """Render ``template`` for one attribute row (``row=None`` for the unconditional template)."""
+    attributes = ""
+    if "{attributes}" in template:
+        if schema is None or row is None:
+            raise ConfigError("the prompt template has {attributes} but no attribute row was given")
+        attributes = schema.format_attributes(row)
+    return template.replace("{description}", text_description).replace("{attributes}", attributes)
+
+
+def build_train_examples(texts: Sequence[str], attribute_rows: Sequence[dict[str, str]] | None,
+                         schema: AttributeSchema | None, template: str, *, text_description: str,
+                         max_target_chars: int = 4000) -> list:
+    """(attribute prompt -> text) pairs for the DP-SGD engine; vanilla mode passes ``None`` rows.
+
+    Works on private records: errors name the row, never its content.
+    """
+    from dpsynth_core.dpsgd import TrainExample
+
+    if attribute_rows is not None and len(attribute_rows) != len(texts):
+        raise DataError(f"training data: {len(texts)} texts but {len(attribute_rows)} attribute rows")
+    examples = []
+    for i, text in enumerate(texts):
+        if not isinstance(text, str) or not text.strip():
+            raise DataError(f"training data: row {i}: empty text")
+        row = attribute_rows[i] if attribute_rows is not None else None
+        prompt = format_prompt(schema, row, template, text_description=text_description)
+        examples.append(TrainExample(prompt=prompt, target=" " + text.strip()[:max_target_chars]))
+    return examples
+
+
+def train_conditional_generator(examples: Sequence, config, *, output_dir: Path, ledger,
+                                stage: str = "dp_generator", progress: bool = True):
+    """DP-SGD LoRA fine-tuning of the generator under ``config.epsilon`` (eps2).
+
+    The engine calibrates the noise, checks the ledger before touching the data and records the
+    DpSgdEvent under ``stage``; this wrapper only forwards, so every charge goes through it.
+    """
+    from dpsynth_core.dpsgd import train_dp_lora
+
+    if ledger is None:
+        raise ConfigError("the DP generator must be trained with a privacy ledger")
+    return train_dp_lora(examples, config, output_dir=Path(output_dir), ledger=ledger, stage=stage,
+                         progress=progress)
+
+
+def generate_texts(model, tokenizer, prompts: Sequence[str], settings: GenerationSettings, *,
+                   n: int = 1, progress: bool = True, desc: str = "generating") -> list[list[str]]:
+    """``n`` sampled completions per prompt (``out[i][j]``), in batches of ``settings.batch_size``.
+
+    Sequences are expanded prompt-major, so a batch holds several samples of the same prompt;
+    each batch is seeded from ``settings.seed`` and its index, so results do not depend on how
+    many batches ran before a resume.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    from dpsynth_core.generation import SamplingParams, sample_texts
+
+    flat = [p for p in prompts for _ in range(n)]
+    out_flat: list[str] = []
+    bs = settings.batch_size
+    starts = range(0, len(flat), bs)
+    model.eval()
+    with torch.no_grad():
+        for b, start in enumerate(tqdm(starts, desc=desc, disable=not progress, unit="batch")):
+            params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+                                    top_p=settings.top_p, seed=settings.seed * 100_003 + b, chat=False)
+            out_flat.extend(sample_texts(model, tokenizer, flat[start:start + bs], params))
+    return [out_flat[i * n:(i + 1) * n] for i in range(len(prompts))]

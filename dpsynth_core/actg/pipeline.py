@@ -1,0 +1,609 @@
+"""ACTG-ARL end to end: stages, run directory, completion markers, resume.
+
+    cfg = load_actg_config("configs/actg_demo.yaml")
+    run_dir = run_pipeline(cfg, resume=True)             # in-process
+    run_dir = run_pipeline(cfg, runner=ray_runner)        # each stage a Ray task (ray_jobs/actg.py)
+
+Stages (``mode: actg``)::
+
+    schema        copy the public schema                                     (no data)
+    private       load the private records; extract attributes (in memory only);
+                    features      AIM synthetic attribute table under eps1  -> features.csv
+                    dp_generator  DP-SGD LoRA on (attribute prompt -> text) under eps2 -> generator/
+    generate      N candidates per synthetic attribute row (plain sampling)  -> candidates.jsonl
+    best_of_n     IFAcc-scored, best kept -> anchors.jsonl                   (post-processing)
+    anchored_rl   RLOO + gamma(t) * SFT on anchors -> rl/adapter             (post-processing)
+    synthesize    one text per synthetic row from the RL policy -> synthetic.jsonl
+    evaluate      IFAcc, MAUVE, classifier, d_JS, length/repetition -> metrics.json, plots/
+
+``mode: vanilla`` (the ablation) runs ``private`` without attributes (DP-SGD on unconditional
+prompts under the WHOLE epsilon), then ``synthesize`` and ``evaluate``.
+
+Private attributes: the extracted attributes are a function of private records. They live only
+in the memory of the ``private`` stage (one process / Ray task), which feeds them to AIM and to
+the DP-SGD training examples and returns nothing but the DP outputs. They are never written to
+disk; when a run resumes after ``features`` but before ``dp_generator`` completed, they are
+re-extracted (extraction is deterministic and is not a release, so it costs no epsilon).
+
+Resume: each stage writes ``stages/<name>.done`` (atomically) after its outputs are in place, and
+a re-run skips completed stages. DP stages are charged once: a stage whose ledger entry exists
+but whose marker does not (a crash between the two) is closed from its outputs if they are
+complete, never re-charged silently. The DP-SGD engine itself resumes from its checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, field_validator, model_validator
+
+from dpsynth_core.actg.anchored_rl import AnchoredRLConfig
+from dpsynth_core.actg.extractors import ExtractorConfig
+from dpsynth_core.actg.generator import GenerationSettings
+from dpsynth_core.config import StrictConfig, load_config
+from dpsynth_core.errors import ConfigError, DataError
+
+STAGES_ACTG = ["schema", "private", "generate", "best_of_n", "anchored_rl", "synthesize", "evaluate"]
+STAGES_VANILLA = ["private", "synthesize", "evaluate"]
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+# ---------------------------------------------------------------------------------------------
+# config
+# ---------------------------------------------------------------------------------------------
+class DataSettings(StrictConfig):
+    """The private corpus. ``path: null`` = the bioRxiv set from ``data_dir()``."""
+
+    path: Path | None = None
+    text_col: str = "abstract"
+    label_col: str = "category"
+    n_records: int = Field(300, ge=4)     # private training records
+    n_eval: int = Field(200, ge=2)        # held-out real texts for evaluation (disjoint)
+    max_chars: int = Field(1500, ge=50)   # training targets are cut here (the model sees max_seq_len anyway)
+    seed: int = 0
+    text_description: str = "bioRxiv preprint abstract"
+
+
+class PrivacySettings(StrictConfig):
+    """Total budget and its split. ``features_share`` of epsilon goes to AIM (eps1), the rest to
+    the DP generator (eps2); the vanilla ablation gives the whole epsilon to its generator."""
+
+    epsilon: float = Field(4.0, gt=0)
+    delta: float | None = Field(None, gt=0, lt=1)   # default 1 / (n ln n)
+    features_share: float = Field(0.5, gt=0, lt=1)
+
+
+class FeatureSettings(StrictConfig):
+    """AIM synthetic attribute table (``dpsynth_core.actg.features``)."""
+
+    n_synthetic: int = Field(50, ge=1)   # synthetic attribute rows = texts generated
+    options: dict[str, Any] = Field(default_factory=dict)  # extra keyword arguments for features.py
+
+
+class BestOfNSettings(StrictConfig):
+    n: int = Field(5, ge=1)
+    serve_app: str | None = None  # name of a running Serve app with a BestOfN deployment; None = in-process
+
+
+class EvaluationSettings(StrictConfig):
+    label_field: str = "primary_research_area"  # downstream classifier target (oracle column on bioRxiv)
+    mauve: bool = True
+    classifier: bool = True
+    embedder: str = "minilm"
+
+
+class ActgConfig(StrictConfig):
+    """One ACTG-ARL run (or the vanilla ablation with ``mode: vanilla``)."""
+
+    name: str = "actg"
+    mode: Literal["actg", "vanilla"] = "actg"
+    run_dir: Path | None = None           # default runs/<name>
+    data: DataSettings = Field(default_factory=DataSettings)
+    schema_path: Path = Path("configs/schemas/biorxiv.yaml")
+    privacy: PrivacySettings = Field(default_factory=PrivacySettings)
+    extractor: ExtractorConfig = Field(default_factory=ExtractorConfig)
+    features: FeatureSettings = Field(default_factory=FeatureSettings)
+    generator: dict[str, Any] = Field(default_factory=lambda: {"steps": 30})  # DpSgdConfig minus epsilon/delta
+    prompt_template: str | None = None    # default: conditional (actg) / unconditional (vanilla)
+    generation: GenerationSettings = Field(default_factory=GenerationSettings)
+    best_of_n: BestOfNSettings = Field(default_factory=BestOfNSettings)
+    rl: AnchoredRLConfig = Field(default_factory=AnchoredRLConfig)
+    evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
+    torch_threads: int = Field(2, ge=1)
+    stop_after_stage: str | None = None   # testing: stop (as if killed) once this stage completed
+
+    @field_validator("generator")
+    @classmethod
+    def _generator_fields(cls, value: dict) -> dict:
+        from dpsynth_core.dpsgd import DpSgdConfig
+
+        for key in ("epsilon", "delta"):
+            if key in value:
+                raise ValueError(f"'{key}' comes from the 'privacy' section, not from 'generator'")
+        DpSgdConfig.model_validate({**value, "epsilon": 1.0})  # same field errors as DpSgdConfig
+        return value
+
+    @model_validator(mode="after")
+    def _stop_stage(self) -> ActgConfig:
+        if self.stop_after_stage is not None and self.stop_after_stage not in self.stages:
+            raise ValueError(f"stop_after_stage must be one of {self.stages}")
+        return self
+
+    @property
+    def stages(self) -> list[str]:
+        return STAGES_ACTG if self.mode == "actg" else STAGES_VANILLA
+
+    @property
+    def epsilon_features(self) -> float:
+        return self.privacy.epsilon * self.privacy.features_share if self.mode == "actg" else 0.0
+
+    @property
+    def epsilon_generator(self) -> float:
+        return self.privacy.epsilon - self.epsilon_features
+
+    def resolved_run_dir(self) -> Path:
+        return Path(self.run_dir) if self.run_dir is not None else Path("runs") / self.name
+
+    def resolved(self, path: Path) -> Path:
+        """Relative paths are taken from the current directory, else from the repository root."""
+        path = Path(path)
+        return path if path.is_absolute() or path.exists() else REPO_ROOT / path
+
+    def template_text(self) -> str:
+        from dpsynth_core.actg.generator import load_prompt_template
+
+        return load_prompt_template(self.prompt_template or ("conditional" if self.mode == "actg" else "unconditional"))
+
+    def dpsgd_config(self, epsilon: float):
+        from dpsynth_core.dpsgd import DpSgdConfig
+
+        return DpSgdConfig.model_validate({"torch_threads": self.torch_threads, **self.generator, "epsilon": epsilon})
+
+
+def load_actg_config(path: str | Path) -> ActgConfig:
+    return load_config(path, ActgConfig)
+
+
+# ---------------------------------------------------------------------------------------------
+# run directory
+# ---------------------------------------------------------------------------------------------
+class RunDir:
+    """Paths and completion markers of one run."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.stages = self.root / "stages"
+
+    # outputs
+    schema = property(lambda self: self.root / "schema.yaml")
+    features = property(lambda self: self.root / "features.csv")
+    generator = property(lambda self: self.root / "generator")
+    candidates = property(lambda self: self.root / "candidates.jsonl")
+    anchors = property(lambda self: self.root / "anchors.jsonl")
+    rl = property(lambda self: self.root / "rl")
+    synthetic = property(lambda self: self.root / "synthetic.jsonl")
+    metrics = property(lambda self: self.root / "metrics.json")
+    plots = property(lambda self: self.root / "plots")
+
+    def marker(self, stage: str) -> Path:
+        return self.stages / f"{stage}.done"
+
+    def done(self, stage: str) -> bool:
+        return self.marker(stage).is_file()
+
+    def summary(self, stage: str) -> dict:
+        return json.loads(self.marker(stage).read_text()) if self.done(stage) else {}
+
+    def mark(self, stage: str, summary: dict) -> None:
+        atomic_write_text(self.marker(stage), json.dumps({"stage": stage, **summary}, indent=2, default=str))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+class StageInterrupted(RuntimeError):
+    """Raised after ``stop_after_stage`` (tests simulate a crash with it)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# orchestration
+# ---------------------------------------------------------------------------------------------
+Runner = Callable[..., dict]
+
+
+def local_runner(fn: Callable[..., dict], *args, isolated: bool = False) -> dict:
+    """Run a stage in this process (tests, no Ray)."""
+    return fn(*args)
+
+
+def prepare_run_dir(cfg: ActgConfig, resume: bool) -> Path:
+    """Create (or reopen) the run directory; ``resume=False`` moves an old one aside."""
+    root = cfg.resolved_run_dir()
+    snapshot = yaml.safe_dump(json.loads(cfg.model_dump_json()), sort_keys=True)
+    if root.exists() and not resume:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+        os.replace(root, root.with_name(f"{root.name}.prev-{stamp}"))
+    if root.exists() and (root / "config.yaml").is_file():
+        old = (root / "config.yaml").read_text(encoding="utf-8")
+        if _without_stop(old) != _without_stop(snapshot):
+            raise ConfigError(f"{root}: this run directory was made with a different config; "
+                              "re-run with --fresh (the old run is kept aside) or set another run_dir")
+    root.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(root / "config.yaml", snapshot)
+    return root
+
+
+def _without_stop(snapshot: str) -> dict:
+    raw = yaml.safe_load(snapshot) or {}
+    raw.pop("stop_after_stage", None)
+    return raw
+
+
+def open_or_create_ledger(cfg: ActgConfig, root: Path):
+    from dpsynth_core.privacy import PrivacyLedger, default_delta
+
+    if (root / "ledger.sqlite").is_file():
+        return PrivacyLedger.open(root)
+    delta = cfg.privacy.delta or default_delta(cfg.data.n_records)
+    return PrivacyLedger.create(root, dataset=cfg.name, epsilon_budget=cfg.privacy.epsilon, delta=delta)
+
+
+def run_pipeline(cfg: ActgConfig, *, resume: bool = True, runner: Runner = local_runner) -> Path:
+    """Run every stage not yet completed; return the run directory."""
+    root = prepare_run_dir(cfg, resume)
+    open_or_create_ledger(cfg, root)
+    for name in cfg.stages:
+        rd = RunDir(root)
+        if rd.done(name):
+            continue
+        t0 = time.perf_counter()
+        fn = STAGE_FUNCTIONS[name]
+        summary = runner(fn, cfg, str(root), isolated=(name == "anchored_rl"))
+        RunDir(root).mark(name, {"seconds": round(time.perf_counter() - t0, 2), **(summary or {})})
+        if cfg.stop_after_stage == name:
+            raise StageInterrupted(f"stopped after stage '{name}' (stop_after_stage)")
+    return root
+
+
+# ---------------------------------------------------------------------------------------------
+# stages: each takes (config, run_dir) and returns a small JSON summary (never a private value)
+# ---------------------------------------------------------------------------------------------
+def _threads(cfg: ActgConfig) -> None:
+    import torch
+
+    torch.set_num_threads(cfg.torch_threads)
+
+
+def _schema(cfg: ActgConfig, root: Path):
+    from dpsynth_core.actg.schema import load_schema
+
+    rd = RunDir(root)
+    return load_schema(rd.schema if rd.schema.is_file() else cfg.resolved(cfg.schema_path))
+
+
+def load_private_split(cfg: ActgConfig):
+    """(train frame, held-out eval frame): a seeded disjoint split of the private corpus."""
+    import numpy as np
+
+    from dpsynth_core.data import load_biorxiv, load_records
+
+    d = cfg.data
+    if d.path is None:
+        frame = load_biorxiv()
+    else:
+        frame = load_records(cfg.resolved(d.path), text_col=d.text_col, label_col=d.label_col)
+    for col in (d.text_col,):
+        if col not in frame.columns:
+            raise DataError(f"{d.path or 'biorxiv'}: column '{col}' not found (data.text_col)")
+    need = d.n_records + d.n_eval
+    if len(frame) < need:
+        raise DataError(f"{d.path or 'biorxiv'}: {len(frame)} rows, but data.n_records + data.n_eval = {need}")
+    order = np.random.default_rng(d.seed).permutation(len(frame))
+    train = frame.iloc[order[: d.n_records]].reset_index(drop=True)
+    held_out = frame.iloc[order[d.n_records: need]].reset_index(drop=True)
+    return train, held_out
+
+
+def stage_schema(cfg: ActgConfig, root: str) -> dict:
+    """Copy the public schema into the run directory (no data involved)."""
+    from dpsynth_core.actg.schema import load_schema
+
+    schema = load_schema(cfg.resolved(cfg.schema_path))
+    schema.save(RunDir(Path(root)).schema)
+    return {"fields": schema.num_fields, "options": sum(len(f.options) for f in schema.fields)}
+
+
+def stage_private(cfg: ActgConfig, root: str) -> dict:
+    """The only stage that reads private records: attribute extraction (memory only), AIM under
+    eps1, DP-SGD under eps2. Returns DP outputs' summaries only."""
+    from dpsynth_core.privacy import PrivacyLedger
+
+    _threads(cfg)
+    rd = RunDir(Path(root))
+    ledger = PrivacyLedger.open(rd.root)
+    train, _ = load_private_split(cfg)
+    texts = [str(t)[: cfg.data.max_chars] for t in train[cfg.data.text_col]]
+    schema = _schema(cfg, rd.root) if cfg.mode == "actg" else None
+    attrs = None
+    if cfg.mode == "actg" and not (rd.done("features") and rd.done("dp_generator")):
+        from dpsynth_core.actg.extractors import build_extractor
+
+        attrs = build_extractor(cfg.extractor, schema).extract(texts)  # private: stays in memory
+    if cfg.mode == "actg" and not rd.done("features"):
+        rd.mark("features", _run_features(cfg, rd, schema, attrs, ledger))
+    if not rd.done("dp_generator"):
+        rd.mark("dp_generator", _run_dp_generator(cfg, rd, schema, texts, attrs, ledger))
+    del attrs, texts, train
+    return {"features": rd.summary("features"), "dp_generator": rd.summary("dp_generator")}
+
+
+def _ledger_has(ledger, stage: str) -> bool:
+    return any(e.stage == stage for e in ledger.entries())
+
+
+def _run_features(cfg: ActgConfig, rd: RunDir, schema, attrs: list[dict], ledger) -> dict:
+    """AIM under eps1 -> features.csv (+ d_JS of 1- and 2-way marginals vs the real attributes)."""
+    import pandas as pd
+
+    from dpsynth_core.actg import features
+
+    if _ledger_has(ledger, "features") and rd.features.is_file():
+        return {"closed_from_outputs": True}  # charged, written, marker lost: never re-charge
+    real = pd.DataFrame(attrs, columns=schema.field_names)
+    synth = features.synthesize_features(real, schema, epsilon=cfg.epsilon_features, n_rows=cfg.features.n_synthetic,
+                                         ledger=ledger, stage="features", seed=cfg.data.seed,
+                                         out_path=rd.features, **cfg.features.options)
+    # Evaluation statistic against the real (extracted) attributes, reported like the paper's d_JS^f.
+    cats = schema.categories()
+    d1 = features.marginal_djs(real, synth, order=1, categories=cats)
+    d2 = features.marginal_djs(real, synth, order=2, categories=cats)
+    return {"epsilon": cfg.epsilon_features, "rows": len(synth), "djs_1way_mean": d1["mean"],
+            "djs_1way_max": d1["max"], "djs_2way_mean": d2["mean"], "djs_2way_max": d2["max"],
+            "djs_1way": d1["per_marginal"]}
+
+
+def _run_dp_generator(cfg: ActgConfig, rd: RunDir, schema, texts: list[str], attrs, ledger) -> dict:
+    from dpsynth_core.actg.generator import build_train_examples, train_conditional_generator
+
+    adapter = rd.generator / "adapter"
+    if _ledger_has(ledger, "dp_generator") and (adapter / "adapter_config.json").is_file():
+        return {"adapter_dir": str(adapter), "closed_from_outputs": True}
+    examples = build_train_examples(texts, attrs, schema, cfg.template_text(),
+                                    text_description=cfg.data.text_description)
+    dp = cfg.dpsgd_config(cfg.epsilon_generator)
+    result = train_conditional_generator(examples, dp, output_dir=rd.generator, ledger=ledger, stage="dp_generator")
+    losses = [h["loss"] for h in result.history if h.get("loss") is not None]
+    return {"adapter_dir": str(result.adapter_dir), "epsilon": result.epsilon, "steps": result.steps,
+            "noise_multiplier": result.noise_multiplier, "sampling_rate": result.sampling_rate,
+            "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None}
+
+
+def _synthetic_rows(cfg: ActgConfig, rd: RunDir) -> list[dict]:
+    import pandas as pd
+
+    schema = _schema(cfg, rd.root)
+    table = pd.read_csv(rd.features, dtype=str, keep_default_na=False)
+    schema.validate_table(table, source=str(rd.features))
+    return table[schema.field_names].to_dict("records")
+
+
+def _prompts(cfg: ActgConfig, rd: RunDir, rows: list[dict] | None, count: int) -> list[str]:
+    from dpsynth_core.actg.generator import format_prompt
+
+    template = cfg.template_text()
+    if rows is None:
+        return [format_prompt(None, None, template, text_description=cfg.data.text_description)] * count
+    schema = _schema(cfg, rd.root)
+    return [format_prompt(schema, r, template, text_description=cfg.data.text_description) for r in rows]
+
+
+def stage_generate(cfg: ActgConfig, root: str) -> dict:
+    """N candidates per synthetic attribute row from the DP generator (plain sampling)."""
+    from dpsynth_core.actg.best_of_n import record_post_processing
+    from dpsynth_core.actg.generator import generate_texts
+    from dpsynth_core.dpsgd import load_generator
+    from dpsynth_core.privacy import PrivacyLedger
+
+    _threads(cfg)
+    rd = RunDir(Path(root))
+    rows = _synthetic_rows(cfg, rd)
+    model, tok = load_generator(cfg.dpsgd_config(1.0).model, Path(rd.summary("dp_generator")["adapter_dir"]))
+    n = cfg.best_of_n.n
+    if cfg.best_of_n.serve_app:
+        return {"candidates": "via serve", "n": n}  # generation happens inside stage_best_of_n
+    cands = generate_texts(model, tok, _prompts(cfg, rd, rows, len(rows)), cfg.generation, n=n,
+                           desc=f"generating {n} candidates per row")
+    write_jsonl(rd.candidates, [{"attributes": r, "candidates": c} for r, c in zip(rows, cands)])
+    record_post_processing(PrivacyLedger.open(rd.root), "generate", {"rows": len(rows), "n": n})
+    return {"rows": len(rows), "n": n}
+
+
+def stage_best_of_n(cfg: ActgConfig, root: str) -> dict:
+    """IFAcc-score the candidates, keep the best -> anchors.jsonl (post-processing)."""
+    from dpsynth_core.actg.best_of_n import BestOfNResult, best_of_n_via_serve, record_post_processing, select_best
+    from dpsynth_core.actg.extractors import build_extractor
+    from dpsynth_core.privacy import PrivacyLedger
+
+    _threads(cfg)
+    rd = RunDir(Path(root))
+    schema = _schema(cfg, rd.root)
+    if cfg.best_of_n.serve_app:
+        from ray import serve
+
+        rows = _synthetic_rows(cfg, rd)
+        g = cfg.generation
+        result = best_of_n_via_serve(serve.get_app_handle(cfg.best_of_n.serve_app), _prompts(cfg, rd, rows, len(rows)),
+                                     rows, n=cfg.best_of_n.n, schema_path=str(rd.schema),
+                                     extractor_config=cfg.extractor.model_dump(), max_new_tokens=g.max_new_tokens,
+                                     temperature=g.temperature, top_p=g.top_p, seed=g.seed)
+    else:
+        data = read_jsonl(rd.candidates)
+        result = select_best([d["candidates"] for d in data], [d["attributes"] for d in data],
+                             build_extractor(cfg.extractor, schema))
+    assert isinstance(result, BestOfNResult)
+    write_jsonl(rd.anchors, result.anchors())
+    record_post_processing(PrivacyLedger.open(rd.root), "best_of_n", result.summary())
+    return result.summary()
+
+
+def stage_anchored_rl(cfg: ActgConfig, root: str) -> dict:
+    """Anchored RL from DP artifacts only (see anchored_rl.RLArtifacts); post-processing."""
+    from dpsynth_core.actg.anchored_rl import RLArtifacts, run_anchored_rl
+    from dpsynth_core.actg.best_of_n import record_post_processing
+    from dpsynth_core.privacy import PrivacyLedger
+
+    _threads(cfg)
+    rd = RunDir(Path(root))
+    artifacts = RLArtifacts(schema_path=rd.schema, attributes_path=rd.features, anchors_path=rd.anchors,
+                            base_model=cfg.dpsgd_config(1.0).model,
+                            adapter_dir=Path(rd.summary("dp_generator")["adapter_dir"]),
+                            prompt_template=cfg.template_text(), text_description=cfg.data.text_description,
+                            extractor=cfg.extractor.model_dump())
+    result = run_anchored_rl(artifacts, cfg.rl, rd.rl)
+    h = result.history
+    summary = {"adapter_dir": str(result.adapter_dir), "steps": len(h),
+               "reward_first": h[0]["reward"], "reward_last": h[-1]["reward"],
+               "reward_mean": sum(r["reward"] for r in h) / len(h),
+               "gamma_first": h[0]["gamma"], "gamma_last": h[-1]["gamma"]}
+    record_post_processing(PrivacyLedger.open(rd.root), "anchored_rl", summary)
+    return summary
+
+
+def stage_synthesize(cfg: ActgConfig, root: str) -> dict:
+    """The released synthetic texts: one per synthetic attribute row from the final policy
+    (after RL in ACTG mode; the DP generator with unconditional prompts in vanilla mode)."""
+    from dpsynth_core.actg.best_of_n import record_post_processing
+    from dpsynth_core.actg.generator import generate_texts
+    from dpsynth_core.dpsgd import load_generator
+    from dpsynth_core.privacy import PrivacyLedger
+
+    _threads(cfg)
+    rd = RunDir(Path(root))
+    base = cfg.dpsgd_config(1.0).model
+    if cfg.mode == "actg":
+        rows = _synthetic_rows(cfg, rd)
+        adapter = Path(rd.summary("anchored_rl")["adapter_dir"])
+    else:
+        rows = None
+        adapter = Path(rd.summary("dp_generator")["adapter_dir"])
+    count = len(rows) if rows is not None else cfg.features.n_synthetic
+    model, tok = load_generator(base, adapter)
+    settings = cfg.generation.model_copy(update={"seed": cfg.generation.seed + 1})  # fresh samples
+    texts = [c[0] for c in generate_texts(model, tok, _prompts(cfg, rd, rows, count), settings, n=1,
+                                          desc="synthesizing")]
+    out = [{"text": t, **({"attributes": r} if rows is not None else {})}
+           for t, r in zip(texts, rows if rows is not None else [None] * count)]
+    write_jsonl(rd.synthetic, out)
+    record_post_processing(PrivacyLedger.open(rd.root), "synthesize", {"texts": len(out)})
+    return {"texts": len(out)}
+
+
+def stage_evaluate(cfg: ActgConfig, root: str) -> dict:
+    """metrics.json + plots/. Reads held-out real texts: like any utility benchmark these numbers
+    sit outside the DP guarantee (for the researcher); only aggregates are written, no text."""
+    import pandas as pd
+
+    from dpsynth_core.actg import features, text_eval
+    from dpsynth_core.actg.best_of_n import plot_ifacc_stages
+    from dpsynth_core.actg.extractors import build_extractor, ifacc_scores
+    from dpsynth_core.models import load_embedder
+    from dpsynth_core.privacy import PrivacyLedger
+
+    _threads(cfg)
+    rd = RunDir(Path(root))
+    ev = cfg.evaluation
+    schema = _schema(cfg, rd.root)
+    _, held = load_private_split(cfg)
+    real_texts = [str(t)[: cfg.data.max_chars] for t in held[cfg.data.text_col]]
+    synth = read_jsonl(rd.synthetic)
+    texts = [r["text"] for r in synth]
+    extractor = build_extractor(cfg.extractor, schema)
+    synth_x, real_x = extractor.extract(texts), extractor.extract(real_texts)
+    emb = load_embedder(ev.embedder)
+    m: dict[str, Any] = {"mode": cfg.mode, "name": cfg.name, "n_synthetic": len(texts), "n_real_eval": len(real_texts),
+                         "note": "evaluation uses held-out real texts; it is outside the DP guarantee"}
+    m["synthetic_stats"], m["real_stats"] = text_eval.text_stats(texts), text_eval.text_stats(real_texts)
+    if ev.mauve:
+        m["mauve"] = text_eval.mauve_score(real_texts, texts, embedder=emb)
+    lf = ev.label_field
+    real_labels = list(held[lf].astype(str)) if lf in held.columns else [r[lf] for r in real_x]
+    if ev.classifier:
+        m["downstream"] = {"label_field": lf, "real_labels": "oracle" if lf in held.columns else "extracted"}
+        m["downstream"]["synthetic_labels_extracted"] = text_eval.downstream_classifier(
+            texts, [r[lf] for r in synth_x], real_texts, real_labels, embedder=emb)
+        if cfg.mode == "actg":
+            m["downstream"]["synthetic_labels_conditioned"] = text_eval.downstream_classifier(
+                texts, [r["attributes"][lf] for r in synth], real_texts, real_labels, embedder=emb)
+    cats = schema.categories()
+    m["text_attribute_djs_1way"] = features.marginal_djs(pd.DataFrame(real_x), pd.DataFrame(synth_x), 1, cats)
+    if cfg.mode == "actg":
+        bon = rd.summary("best_of_n")
+        after = ifacc_scores(synth_x, [r["attributes"] for r in synth], schema.field_names)
+        m["ifacc"] = {"plain_sampling": bon["plain_ifacc"], "best_of_n": bon["best_of_n_ifacc"],
+                      "best_of_n_n": bon["n"], "after_rl": text_eval.ifacc_summary(after)["mean"],
+                      "after_rl_per_field": text_eval.per_field_accuracy(synth_x, [r["attributes"] for r in synth],
+                                                                         schema.field_names),
+                      "extractor": cfg.extractor.kind}
+        fs = rd.summary("features")
+        m["features"] = {k: fs.get(k) for k in ("epsilon", "rows", "djs_1way_mean", "djs_1way_max", "djs_2way_mean",
+                                                  "djs_2way_max", "djs_1way")}
+        m["anchored_rl"] = {k: v for k, v in rd.summary("anchored_rl").items() if k not in ("stage", "adapter_dir")}
+    m["dp_generator"] = {k: v for k, v in rd.summary("dp_generator").items() if k not in ("stage", "adapter_dir")}
+    m["ledger"] = PrivacyLedger.open(rd.root).to_dict()
+    m["plots"] = _plots(cfg, rd, real_texts, texts, m)
+    atomic_write_text(rd.metrics, json.dumps(m, indent=2, default=str))
+    return {"mauve": m.get("mauve", {}).get("mauve"), "ifacc_after_rl": m.get("ifacc", {}).get("after_rl")}
+
+
+def _plots(cfg: ActgConfig, rd: RunDir, real_texts: list[str], texts: list[str], m: dict) -> list[str]:
+    from dpsynth_core.actg import text_eval
+    from dpsynth_core.actg.anchored_rl import plot_rl_history
+    from dpsynth_core.actg.best_of_n import plot_ifacc_stages
+
+    out = [text_eval.plot_length_histograms(real_texts, texts, rd.plots / "lengths.png")]
+    out.append(text_eval.plot_marginal_djs(m["text_attribute_djs_1way"], rd.plots / "text_attribute_djs.png",
+                                           title="attributes extracted from texts: real vs synthetic"))
+    if cfg.mode == "actg":
+        f = m["features"]
+        out.append(text_eval.plot_marginal_djs({"order": 1, "mean": f["djs_1way_mean"], "per_marginal": f["djs_1way"]},
+                                               rd.plots / "features_djs.png", title="AIM features: 1-way d_JS"))
+        i = m["ifacc"]
+        out.append(plot_ifacc_stages({"plain": i["plain_sampling"], f"best-of-{i['best_of_n_n']}": i["best_of_n"],
+                                      "after RL": i["after_rl"]}, rd.plots / "ifacc.png"))
+        hist = rd.rl / "rl_history.json"
+        if hist.is_file():
+            out.append(plot_rl_history(json.loads(hist.read_text()), rd.plots / "rl_curve.png"))
+    curve = rd.generator / "training_curve.png"
+    if curve.is_file():
+        shutil.copyfile(curve, rd.plots / "dp_training_curve.png")
+        out.append(rd.plots / "dp_training_curve.png")
+    return [str(p) for p in out]
+
+
+STAGE_FUNCTIONS: dict[str, Callable[[ActgConfig, str], dict]] = {
+    "schema": stage_schema, "private": stage_private, "generate": stage_generate,
+    "best_of_n": stage_best_of_n, "anchored_rl": stage_anchored_rl, "synthesize": stage_synthesize,
+    "evaluate": stage_evaluate,
+}

@@ -1,0 +1,95 @@
+"""ACTG-ARL driver: every stage of ``dpsynth_core.actg.pipeline`` as a Ray task.
+
+    dpsynth run actg --config configs/actg_demo.yaml          # resumes runs/<name> if present
+    dpsynth run actg --config configs/actg_demo.yaml --fresh  # old run directory moved aside
+
+Each stage runs in a Ray worker (2 CPUs; stages are sequential, each one uses both cores) and
+gets only the config and the run directory path; stages hand artifacts to each other through the
+run directory. The ``private`` stage is the only one that reads private records. The
+``anchored_rl`` stage runs in a worker of its own runtime environment whose ``DPSYNTH_DATA_DIR``
+points at an empty directory, so even a stray ``data_dir()`` call there finds no private file.
+On a multi-worker DP-SGD config (``generator.num_workers > 1``) the DP-SGD engine itself
+launches the Ray Train job (``ray_jobs/dp_finetune.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dpsynth_core.actg.pipeline import ActgConfig, load_actg_config, run_pipeline
+
+_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def ray_runner(fn, cfg: ActgConfig, root: str, *, isolated: bool = False) -> dict:
+    """Run ``fn(cfg, root)`` as a Ray task and return its (small, JSON) summary."""
+    import ray
+
+    cpus = max(1, min(2, int(ray.cluster_resources().get("CPU", 1))))
+    env = dict(_ENV)
+    if isolated:  # the RL stage: no private data directory reachable from its worker
+        empty = Path(root) / "rl" / "no_private_data"
+        empty.mkdir(parents=True, exist_ok=True)
+        env["DPSYNTH_DATA_DIR"] = str(empty)
+    task = ray.remote(fn).options(num_cpus=cpus, max_retries=0, runtime_env={"env_vars": env},
+                                  name=getattr(fn, "__name__", "actg_stage"))
+    return ray.get(task.remote(cfg, str(Path(root).resolve())))
+
+
+def main(config_path: Path, resume: bool = True) -> Path:
+    """Run (or resume) the ACTG pipeline of ``config_path`` on Ray; return the run directory."""
+    import ray
+
+    for k, v in _ENV.items():
+        os.environ.setdefault(k, v)
+    cfg = load_actg_config(config_path)
+    started = False
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": _ENV},
+                 configure_logging=True, logging_level="WARNING")
+        started = True
+    try:
+        return run_pipeline(cfg, resume=resume, runner=ray_runner)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def summary(run_dir: Path) -> str:
+    """The headline figures of a finished run (what `make demo` prints after the ledger)."""
+    import json
+
+    m = json.loads((Path(run_dir) / "metrics.json").read_text())
+    f = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
+    lines = [f"run {m['name']} ({m['mode']}): {m['n_synthetic']} synthetic texts, {m['n_real_eval']} held-out real texts"]
+    if "ifacc" in m:
+        i = m["ifacc"]
+        lines.append(f"IFAcc ({i['extractor']} extractor): plain {f(i['plain_sampling'])} | best-of-{i['best_of_n_n']} "
+                     f"{f(i['best_of_n'])} | after RL {f(i['after_rl'])}")
+    if "features" in m:
+        lines.append(f"AIM features d_JS: 1-way mean {f(m['features']['djs_1way_mean'])}, "
+                     f"2-way mean {f(m['features']['djs_2way_mean'])}")
+    if "mauve" in m:
+        lines.append(f"MAUVE vs held-out real: {f(m['mauve']['mauve'])}")
+    lines.append(f"attribute d_JS of texts (extracted, 1-way mean): {f(m['text_attribute_djs_1way']['mean'])}")
+    for k, v in m.get("downstream", {}).items():
+        if isinstance(v, dict):
+            lines.append(f"downstream {m['downstream']['label_field']} ({k}): acc {f(v['accuracy'])}, "
+                         f"majority baseline {f(v['majority_baseline'])}")
+    s = m["synthetic_stats"]
+    lines.append(f"synthetic length: {s['mean_words']:.1f} words (real {m['real_stats']['mean_words']:.1f}); "
+                 f"distinct-2 {f(s['distinct_2'])}; 3-gram repetition {f(s['repetition_3'])}")
+    led = m["ledger"]
+    lines.append(f"privacy: epsilon {led['total_epsilon']:.3f} of {led['epsilon_budget']} at delta {led['delta']:.2e}")
+    lines.append(f"metrics: {Path(run_dir) / 'metrics.json'}   plots: {Path(run_dir) / 'plots'}/")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m ray_jobs.actg CONFIG | python -m ray_jobs.actg --summary RUN_DIR
+    import sys
+
+    if sys.argv[1] == "--summary":
+        print(summary(Path(sys.argv[2])))
+    else:
+        print(main(Path(sys.argv[1])))

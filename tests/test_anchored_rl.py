@@ -1,0 +1,164 @@
+"""Anchored RL: gamma schedules, the RLOO + gamma*SFT update, and no handle on private data."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dpsynth_core.actg.anchored_rl import (
+    AnchoredRLConfig,
+    GammaSchedule,
+    RLArtifacts,
+    anchored_rl_step,
+    assert_no_private_paths,
+    load_trainable_policy,
+    rloo_advantages,
+    run_anchored_rl,
+)
+from dpsynth_core.actg.generator import format_prompt, load_prompt_template
+from dpsynth_core.actg.schema import schema_from_dict
+from dpsynth_core.errors import DataError
+
+SCHEMA = {"name": "mini", "description": "toy", "fields": [
+    {"name": "topic", "description": "Topic", "options": ["Neuroscience", "Ecology", "Genomics"]},
+    {"name": "organism", "description": "Organism", "options": ["Mouse/Rat", "Human", "Plant"]},
+]}
+
+# --- audit every file this process opens (used by the no-private-data test) -----------------
+_OPENED: list[str] | None = None
+
+
+def _audit(event: str, args) -> None:
+    if _OPENED is not None and event == "open" and args and isinstance(args[0], (str, bytes, Path)):
+        _OPENED.append(str(args[0] if not isinstance(args[0], bytes) else args[0].decode(errors="replace")))
+
+
+sys.addaudithook(_audit)
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory) -> RLArtifacts:
+    """Public/DP artifacts only: schema, a synthetic attribute table, anchors, a LoRA adapter."""
+    from peft import LoraConfig, get_peft_model
+
+    from dpsynth_core.models import load_causal_lm
+
+    root = tmp_path_factory.mktemp("rl_artifacts")
+    schema = schema_from_dict(SCHEMA)
+    schema.save(root / "schema.yaml")
+    rows = [{"topic": t, "organism": o} for t in ["Neuroscience", "Ecology", "Genomics"] for o in ["Human", "Plant"]]
+    (root / "features.csv").write_text("topic,organism\n" + "".join(f"{r['topic']},{r['organism']}\n" for r in rows))
+    anchors = [{"attributes": r, "text": f"We study {r['topic'].lower()} in {r['organism'].lower()} samples."}
+               for r in rows]
+    (root / "anchors.jsonl").write_text("".join(json.dumps(a) + "\n" for a in anchors))
+    base, _ = load_causal_lm("tiny-llama")
+    torch.manual_seed(0)
+    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():  # non-zero B so that both LoRA factors get gradients
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.02)
+    peft_model.save_pretrained(root / "adapter")
+    return RLArtifacts(schema_path=root / "schema.yaml", attributes_path=root / "features.csv",
+                       anchors_path=root / "anchors.jsonl", base_model="tiny-llama", adapter_dir=root / "adapter",
+                       prompt_template=load_prompt_template("conditional"), text_description="abstract",
+                       extractor={"kind": "embedding"})
+
+
+def test_gamma_schedules_hit_reference_values():
+    lin = GammaSchedule(2.0, 0.2, total_steps=11, kind="linear")
+    assert lin(0) == pytest.approx(2.0) and lin(10) == pytest.approx(0.2)
+    assert lin(5) == pytest.approx(1.1)
+    assert [round(lin(t), 6) for t in range(11)] == sorted([round(lin(t), 6) for t in range(11)], reverse=True)
+    cos = GammaSchedule(2.0, 0.2, total_steps=11, kind="cosine")
+    assert cos(0) == pytest.approx(2.0) and cos(10) == pytest.approx(0.2) and cos(5) == pytest.approx(1.1)
+    assert cos(2) > lin(2)  # slow start
+    step = GammaSchedule(2.0, 0.2, total_steps=10, kind="step", step_at=0.5)
+    assert step(4) == 2.0 and step(5) == 0.2
+    assert GammaSchedule(2.0, 0.2, total_steps=1)(0) == 2.0
+    assert AnchoredRLConfig().gamma_schedule()(0) == 2.0  # the reference defaults
+
+
+def test_rloo_advantages_leave_one_out():
+    adv = rloo_advantages(torch.tensor([1.0, 0.0, 0.5, 0.2, 0.2, 0.2]), 3)
+    assert adv.tolist() == pytest.approx([0.75, -0.75, 0.0, 0.0, 0.0, 0.0])
+    adv2 = rloo_advantages(torch.tensor([1.0, 0.0, 0.3, 0.3]), 2)
+    assert adv2.tolist() == pytest.approx([1.0, -1.0, 0.0, 0.0])
+
+
+def _step_delta(artifacts: RLArtifacts, gamma: float, reward_fn, seed: int = 3) -> dict[str, torch.Tensor]:
+    """Parameter change of one anchored-RL step from the same start, same samples."""
+    from dpsynth_core.dpsgd import TrainExample
+
+    torch.manual_seed(0)
+    policy, tok = load_trainable_policy(artifacts.base_model, artifacts.adapter_dir)
+    schema = schema_from_dict(SCHEMA)
+    before = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
+    targets = [{"topic": "Ecology", "organism": "Plant"}, {"topic": "Genomics", "organism": "Human"}]
+    prompts = [format_prompt(schema, t, artifacts.prompt_template, text_description="abstract") for t in targets]
+    anchors = [TrainExample(prompt=prompts[0], target=" Plants in ecology."),
+               TrainExample(prompt=prompts[1], target=" Human genomes.")]
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.0)
+    cfg = AnchoredRLConfig(group_size=3, max_new_tokens=8, max_seq_len=128)
+    stats = anchored_rl_step(policy, tok, opt, prompts=prompts, targets=targets, anchor_examples=anchors,
+                             gamma=gamma, reward_fn=reward_fn, config=cfg, seed=seed)
+    assert math.isfinite(stats["loss"]) and stats["gamma"] == gamma
+    return {n: p.detach() - before[n] for n, p in policy.named_parameters() if p.requires_grad}
+
+
+def _length_reward(texts, targets):
+    return [len(t) / 50.0 for t in texts]  # varies across samples -> non-zero advantages
+
+
+def test_rl_update_is_a_policy_gradient_and_uses_the_sft_term(artifacts):
+    pure_rl = _step_delta(artifacts, 0.0, _length_reward)
+    anchored = _step_delta(artifacts, 2.0, _length_reward)
+    assert max(d.abs().max().item() for d in pure_rl.values()) > 0  # the RL term alone moves the policy
+    diff = max((pure_rl[n] - anchored[n]).abs().max().item() for n in pure_rl)
+    assert diff > 1e-6  # same samples, same rewards: only the gamma*SFT term differs
+    # equal rewards -> zero RLOO advantages -> no gradient without the anchor term
+    flat = _step_delta(artifacts, 0.0, lambda texts, targets: [0.5] * len(texts))
+    assert max(d.abs().max().item() for d in flat.values()) == 0.0
+
+
+def test_rl_artifacts_are_only_public_or_dp_outputs(artifacts, tmp_path):
+    assert set(RLArtifacts.model_fields) == {"schema_path", "attributes_path", "anchors_path", "base_model",
+                                             "adapter_dir", "prompt_template", "text_description", "extractor"}
+    with pytest.raises(Exception):
+        RLArtifacts(**artifacts.model_dump(), private_texts=["x"])  # extra inputs are refused
+    # an artifact inside the private data directory is refused
+    private = tmp_path / "private"
+    private.mkdir()
+    (private / "features.csv").write_text(artifacts.attributes_path.read_text())
+    leaked = artifacts.model_copy(update={"attributes_path": private / "features.csv"})
+    with pytest.raises(DataError, match="private data directory"):
+        assert_no_private_paths(leaked, private)
+
+
+def test_rl_stage_never_opens_the_private_data(artifacts, tmp_path, monkeypatch):
+    global _OPENED
+    private = tmp_path / "private_data"
+    (private / "biorxiv").mkdir(parents=True)
+    secret = private / "biorxiv" / "biorxiv_1500.csv"
+    secret.write_text("doi,title,abstract\n1,t,PRIVATE RECORD\n")
+    secret.chmod(0)  # unreadable for non-root users; the audit below also covers root
+    monkeypatch.setenv("DPSYNTH_DATA_DIR", str(private))
+    cfg = AnchoredRLConfig(steps=2, prompts_per_step=2, group_size=2, anchor_batch_size=2, max_new_tokens=8,
+                           max_seq_len=128)
+    _OPENED = []
+    try:
+        result = run_anchored_rl(artifacts, cfg, tmp_path / "rl", progress=False)
+        opened = list(_OPENED)
+    finally:
+        _OPENED = None
+        secret.chmod(0o600)
+    assert [h["step"] for h in result.history] == [1, 2]
+    assert result.history[0]["gamma"] == pytest.approx(2.0) and result.history[1]["gamma"] == pytest.approx(0.2)
+    assert (result.adapter_dir / "adapter_config.json").is_file()
+    assert any(str(artifacts.anchors_path) in p for p in opened)  # the audit does see the stage's reads
+    assert not [p for p in opened if str(private) in str(Path(p).resolve())]
