@@ -1,0 +1,75 @@
+"""Checkpoint after every iteration and resume from the latest one. Atomic: write to a temp file
+in the same folder, then rename. A checkpoint holds synthetic data and DP outputs only."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from dpsynth_core.errors import DataError
+from dpsynth_core.pe.population import Population
+
+
+@dataclass
+class RunState:
+    """Everything needed to continue a run after iteration ``iteration`` (0 = initial samples)."""
+
+    method: str
+    iteration: int
+    population: Population
+    plm_weights: list[float]
+    history: list[dict] = field(default_factory=list)  # per-iteration metrics (no texts)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["population"] = self.population.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunState:
+        return cls(d["method"], int(d["iteration"]), Population.from_dict(d["population"]),
+                   list(d["plm_weights"]), list(d.get("history", [])))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so readers see the old file or the whole new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def save_checkpoint(run_dir: Path, state: RunState) -> Path:
+    """Write ``checkpoints/iter_XXXX.json`` and point ``checkpoints/latest`` at it."""
+    folder = checkpoint_dir(run_dir)
+    path = folder / f"iter_{state.iteration:04d}.json"
+    atomic_write_text(path, json.dumps(state.to_dict(), ensure_ascii=False))
+    atomic_write_text(folder / "latest", path.name + "\n")
+    return path
+
+
+def load_latest_checkpoint(run_dir: Path) -> RunState | None:
+    """The latest complete checkpoint, or None for a fresh run."""
+    pointer = checkpoint_dir(run_dir) / "latest"
+    if not pointer.is_file():
+        return None
+    path = checkpoint_dir(run_dir) / pointer.read_text(encoding="utf-8").strip()
+    try:
+        return RunState.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, json.JSONDecodeError, KeyError) as exc:
+        raise DataError(f"{path}: unreadable checkpoint ({type(exc).__name__}); start with --fresh") from None

@@ -1,0 +1,79 @@
+"""Typed configs for WASP / Aug-PE runs (YAML via :func:`dpsynth_core.config.load_config`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from dpsynth_core.config import StrictConfig
+
+
+class PLMConfig(StrictConfig):
+    """One pretrained LM. ``backend``: ``hf`` (in-process), ``ray_actor`` (one Ray actor per PLM),
+    ``serve`` (a Ray Serve Generator deployment), ``openai`` (an OpenAI-compatible endpoint)."""
+
+    model: str = "smollm2-135m-instruct"
+    name: str | None = None
+    backend: Literal["hf", "ray_actor", "serve", "openai"] = "ray_actor"
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(0.95, gt=0, le=1)
+    seed: int = 0
+    batch_size: int = Field(16, ge=1)
+    num_threads: int = Field(1, ge=1)  # torch threads per PLM worker
+    base_url: str | None = None  # openai backend
+    api_key_env: str = "OPENAI_API_KEY"
+
+    @property
+    def display_name(self) -> str:
+        return self.name or self.model
+
+
+class PEDataConfig(StrictConfig):
+    """The private labelled set and a disjoint real held-out test set."""
+
+    source: Literal["biorxiv", "file"] = "biorxiv"
+    path: Path | None = None  # for source: file (CSV / JSONL / Parquet)
+    text_col: str = "abstract"
+    label_col: str = "category"
+    classes: list[str] | None = None  # default: the num_classes most frequent labels
+    num_classes: int = Field(5, ge=2)
+    num_private: int = Field(100, ge=1)  # M, split evenly over classes
+    num_test: int = Field(250, ge=0)  # real held-out, disjoint from the private samples
+    max_chars: int = Field(1500, ge=50)
+    seed: int = 0
+
+
+class PEConfig(StrictConfig):
+    """WASP (``method: wasp``) or Aug-PE (``method: augpe``)."""
+
+    method: Literal["wasp", "augpe"]
+    run_dir: Path = Path("runs/pe")
+    dataset_name: str = "biorxiv"
+    prompts: str = "biorxiv"  # bundled prompt folder name or a directory
+    data: PEDataConfig = PEDataConfig()
+    plms: list[PLMConfig] = Field(default_factory=lambda: [PLMConfig()], min_length=1)
+    embedder: str = "minilm"
+    epsilon: float = Field(4.0, gt=0)
+    delta: float | None = None  # default: 1 / (M ln M)
+    iterations: int = Field(2, ge=1)  # T noisy votes
+    num_synthetic: int = Field(50, ge=2)  # size of the final synthetic set
+    q: int = Field(8, ge=1)  # WASP Top-Q
+    select_per_class: int = Field(3, ge=1)  # WASP: S good and S bad examples per class
+    threshold: float = 0.0  # Aug-PE: votes below this do not count (in vote units)
+    weight_momentum: float = Field(0.0, ge=0, lt=1)
+    weight_floor: float = Field(0.05, ge=0, lt=1)
+    max_new_tokens: int = Field(96, ge=1)
+    federated_parties: int = Field(1, ge=1)  # L > 1: each party adds N(0, (sigma/sqrt(L))^2)
+    seed: int = 0  # generation seeds and data split
+    noise_seed: int | None = None  # None: fresh OS entropy for the DP noise (use an int only in tests)
+    evaluate: bool = True
+    baselines: bool = False  # also evaluate "private samples only" and zero-shot generation
+    mauve: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> PEConfig:
+        if self.data.source == "file" and self.data.path is None:
+            raise ValueError("data.path is required when data.source is 'file'")
+        return self

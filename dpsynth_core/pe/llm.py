@@ -1,0 +1,133 @@
+"""LLM backends for private evolution: prompts in, completions out. They only ever see prompts
+built from synthetic samples and public label names, never private records.
+
+``submit`` returns a handle with ``.result()`` so a runner can start every PLM before waiting on
+any; in-process backends compute eagerly, Ray/Serve backends (``ray_jobs/pe_backends.py``)
+return immediately, which is what makes the PLM calls run in parallel.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from dpsynth_core.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_new_tokens: int = 96
+    temperature: float = 1.0
+    top_p: float = 0.95
+    seed: int = 0
+
+
+class Completed:
+    """An already-finished result (for synchronous backends)."""
+
+    def __init__(self, value: list[str]) -> None:
+        self._value = value
+
+    def result(self) -> list[str]:
+        return self._value
+
+
+class LLM(ABC):
+    """One PLM. ``name`` identifies it in logs and weights."""
+
+    name: str
+
+    @abstractmethod
+    def generate(self, prompts: list[str], params: GenerationParams) -> list[str]:
+        """One completion per prompt, prompt text excluded."""
+
+    def submit(self, prompts: list[str], params: GenerationParams):
+        """Start generation and return an object with ``.result() -> list[str]``."""
+        return Completed(self.generate(prompts, params))
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (actors, connections)."""
+
+
+def format_prompt(tokenizer, prompt: str) -> str:
+    """Chat template when the tokenizer has one (instruct models), the raw prompt otherwise (base
+    models such as Gemma-3-270M continue the text)."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+    return prompt
+
+
+def clean_completion(text: str) -> str:
+    """Strip whitespace and cut the run-on a base model appends after the sample."""
+    text = text.strip()
+    for stop in ("\n\n\n", "<|im_end|>", "<end_of_turn>", "\nExample", "\nTopic:", "\nCategory:"):
+        cut = text.find(stop)
+        if cut > 0:
+            text = text[:cut]
+    return text.strip()
+
+
+class HFLocalLLM(LLM):
+    """A causal LM from the project registry, run in this process with ``generate``."""
+
+    def __init__(self, model: str, *, batch_size: int = 16, num_threads: int | None = None, name: str | None = None) -> None:
+        import torch
+
+        from dpsynth_core.models import load_causal_lm
+
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self.model_name = model
+        self.name = name or model
+        self.batch_size = batch_size
+        self.model, self.tokenizer = load_causal_lm(model)
+
+    def generate(self, prompts: list[str], params: GenerationParams) -> list[str]:
+        import torch
+
+        out: list[str] = []
+        for start in range(0, len(prompts), self.batch_size):
+            batch = [format_prompt(self.tokenizer, p) for p in prompts[start : start + self.batch_size]]
+            enc = self.tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False)
+            # Seed per batch so a result depends on (seed, batch position) only: resumable runs.
+            torch.manual_seed(params.seed * 1_000_003 + start)
+            with torch.no_grad():
+                ids = self.model.generate(
+                    **enc, max_new_tokens=params.max_new_tokens, do_sample=True,
+                    temperature=params.temperature, top_p=params.top_p,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                )
+            new = ids[:, enc["input_ids"].shape[1] :]
+            out += [clean_completion(t) for t in self.tokenizer.batch_decode(new, skip_special_tokens=True)]
+        return out
+
+
+class OpenAICompatibleLLM(LLM):
+    """Any OpenAI-compatible chat endpoint (vLLM, the project's Serve app, a hosted API).
+
+    The key is read from the environment variable ``api_key_env`` only, never from a config file.
+    """
+
+    def __init__(self, base_url: str, model: str, *, api_key_env: str = "OPENAI_API_KEY", name: str | None = None) -> None:
+        from openai import OpenAI
+
+        key = os.environ.get(api_key_env)
+        if key is None:
+            raise ConfigError(f"OpenAI-compatible backend '{model}': environment variable {api_key_env} is not set")
+        self.client = OpenAI(base_url=base_url, api_key=key)
+        self.model = model
+        self.name = name or model
+
+    def generate(self, prompts: list[str], params: GenerationParams) -> list[str]:
+        out = []
+        for i, p in enumerate(prompts):
+            resp = self.client.chat.completions.create(
+                model=self.model, messages=[{"role": "user", "content": p}],
+                max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
+                seed=params.seed + i,
+            )
+            out.append(clean_completion(resp.choices[0].message.content or ""))
+        return out

@@ -1,0 +1,181 @@
+"""End-to-end WASP / Aug-PE run (Ray-free): config -> data split -> ledger -> runner -> outputs.
+
+The drivers in ``ray_jobs/`` pass a ``make_llms`` factory (Ray actors, Serve handles, ...);
+this module never imports Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from dpsynth_core.config import load_config
+from dpsynth_core.errors import ConfigError, DataError
+from dpsynth_core.pe.callbacks import Callback, CheckpointCallback, MetricsLogger
+from dpsynth_core.pe.checkpoint import RunState, atomic_write_text, load_latest_checkpoint
+from dpsynth_core.pe.config import PEConfig, PLMConfig
+from dpsynth_core.pe.embedding import Embedding, SentenceEmbedding
+from dpsynth_core.pe.evaluate import evaluate_synthetic
+from dpsynth_core.pe.llm import LLM
+from dpsynth_core.pe.prompts import load_prompts
+from dpsynth_core.pe.runner import PERunner, PrivateData
+
+log = logging.getLogger(__name__)
+LLMFactory = Callable[[Sequence[PLMConfig]], list[LLM]]
+
+
+def load_pe_config(path: str | Path, method: str) -> PEConfig:
+    cfg = load_config(path, PEConfig)
+    if cfg.method != method:
+        raise ConfigError(f"{path}: field 'method' is '{cfg.method}' but this driver runs '{method}'")
+    return cfg
+
+
+def split_data(cfg: PEConfig) -> tuple[PrivateData, list[str], list[str], list[str]]:
+    """(private, test_texts, test_labels, classes): M private records (M/C per class) and a
+    disjoint real held-out test set, both stratified and seeded."""
+    d = cfg.data
+    if d.source == "biorxiv":
+        from dpsynth_core.data import load_biorxiv
+
+        frame = load_biorxiv()
+        where = "bioRxiv"
+    else:
+        from dpsynth_core.data import load_records
+
+        frame = load_records(d.path, text_col=d.text_col, label_col=d.label_col)
+        where = str(d.path)
+    for col in (d.text_col, d.label_col):
+        if col not in frame.columns:
+            raise DataError(f"{where}: column '{col}' not found")
+    labels = frame[d.label_col].astype(str)
+    classes = list(d.classes) if d.classes else list(labels.value_counts().index[: d.num_classes])
+    unknown = [c for c in classes if c not in set(labels)]
+    if unknown:
+        raise ConfigError(f"data.classes: {unknown} not found in column '{d.label_col}' of {where}")
+    rng = np.random.default_rng(d.seed)
+    per_private = np.bincount(np.arange(d.num_private) % len(classes), minlength=len(classes))
+    per_test = np.bincount(np.arange(d.num_test) % len(classes), minlength=len(classes))
+    priv_idx: list[int] = []
+    test_idx: list[int] = []
+    for c, m, n in zip(classes, per_private, per_test):
+        idx = rng.permutation(np.flatnonzero((labels == c).to_numpy()))
+        if len(idx) < m + n:
+            raise DataError(f"{where}: class '{c}' has {len(idx)} rows, need {m + n} (private + test)")
+        priv_idx += idx[:m].tolist()
+        test_idx += idx[m : m + n].tolist()
+    texts = frame[d.text_col].astype(str).str.slice(0, d.max_chars)
+    private = PrivateData([texts.iloc[i] for i in priv_idx], [labels.iloc[i] for i in priv_idx])
+    return private, [texts.iloc[i] for i in test_idx], [labels.iloc[i] for i in test_idx], classes
+
+
+def prepare_run_dir(cfg: PEConfig, config_text: str, resume: bool) -> Path:
+    """``cfg.run_dir``; with ``resume=False`` and an existing run there, a new timestamped dir.
+    Resuming with a different config is refused (it would mix two runs' privacy accounting)."""
+    run_dir = Path(cfg.run_dir)
+    if not resume and run_dir.exists() and any(run_dir.iterdir()):
+        run_dir = run_dir.with_name(f"{run_dir.name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    saved = run_dir / "config.yaml"
+    if saved.is_file():
+        if yaml.safe_load(saved.read_text(encoding="utf-8")) != yaml.safe_load(config_text):
+            raise ConfigError(f"{saved}: the run directory holds a run with a different config; use --fresh")
+    else:
+        atomic_write_text(saved, config_text)
+    return run_dir
+
+
+def open_ledger(cfg: PEConfig, run_dir: Path, num_private: int):
+    from dpsynth_core.privacy import LEDGER_FILE, PrivacyLedger, default_delta
+
+    if (run_dir / LEDGER_FILE).is_file():
+        return PrivacyLedger.open(run_dir)
+    delta = cfg.delta if cfg.delta is not None else default_delta(num_private)
+    return PrivacyLedger.create(run_dir, cfg.dataset_name, epsilon_budget=cfg.epsilon, delta=delta)
+
+
+def write_synthetic(run_dir: Path, state: RunState, names: list[str]) -> Path:
+    pop = state.population
+    rows = [json.dumps({"text": t, "label": y, "plm": names[k], "iteration": b}, ensure_ascii=False)
+            for t, y, k, b in zip(pop.texts, pop.labels, pop.plm_ids, pop.born)]
+    path = run_dir / "synthetic.jsonl"
+    atomic_write_text(path, "\n".join(rows) + "\n")
+    return path
+
+
+def plot_weights(run_dir: Path, state: RunState, names: list[str]) -> Path | None:
+    rows = [r for r in state.history if "plm_weights" in r]
+    if len(names) < 2 or not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    its = [r["iteration"] for r in rows]
+    w = np.array([r["plm_weights"] for r in rows])
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for k, name in enumerate(names):
+        ax.plot(its, w[:, k], marker="o", label=name)
+    ax.set(xlabel="iteration", ylabel="PLM weight w_k", ylim=(0, 1), title="WASP PLM weights")
+    ax.legend()
+    fig.tight_layout()
+    path = run_dir / "plm_weights.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def execute(cfg: PEConfig, run_dir: Path, llms: Sequence[LLM], private: PrivateData, classes: list[str],
+            embedding: Embedding, callbacks: Sequence[Callback] = (), resume: bool = True) -> RunState:
+    """Run the loop in ``run_dir`` (resuming from its latest checkpoint when ``resume``)."""
+    ledger = open_ledger(cfg, run_dir, len(private.texts))
+    cbs = [MetricsLogger(run_dir), CheckpointCallback(run_dir), *callbacks]
+    runner = PERunner(cfg, llms, embedding, load_prompts(cfg.prompts), ledger, classes, cbs)
+    state = load_latest_checkpoint(run_dir) if resume else None
+    if state is not None:
+        log.info("resuming %s from iteration %d", cfg.method, state.iteration)
+    return runner.run(private, state)
+
+
+def run_pipeline(config_path: str | Path, method: str, make_llms: LLMFactory, resume: bool = True,
+                 callbacks: Sequence[Callback] = ()) -> Path:
+    """Everything a driver does; returns the run directory (synthetic.jsonl, metrics.json,
+    ledger.sqlite, checkpoints/, metrics.jsonl, plm_weights.png)."""
+    config_path = Path(config_path)
+    cfg = load_pe_config(config_path, method)
+    run_dir = prepare_run_dir(cfg, config_path.read_text(encoding="utf-8"), resume)
+    private, test_texts, test_labels, classes = split_data(cfg)
+    embedding = SentenceEmbedding(cfg.embedder)
+    llms = make_llms(cfg.plms)
+    try:
+        t0 = time.perf_counter()
+        state = execute(cfg, run_dir, llms, private, classes, embedding, callbacks, resume=True)
+        seconds = time.perf_counter() - t0
+    finally:
+        for llm in llms:
+            llm.close()
+    names = [p.display_name for p in cfg.plms]
+    write_synthetic(run_dir, state, names)
+    plot_weights(run_dir, state, names)
+    from dpsynth_core.privacy import PrivacyLedger
+
+    ledger = PrivacyLedger.open(run_dir)
+    metrics = {"method": method, "classes": classes, "num_private": len(private.texts),
+               "num_synthetic": len(state.population), "iterations": cfg.iterations,
+               "run_seconds": round(seconds, 2), "plms": names, "history": state.history,
+               "privacy": ledger.to_dict()}
+    if cfg.evaluate and test_texts:
+        test_emb = embedding.encode(test_texts)
+        synth_emb = embedding.encode(state.population.texts)
+        metrics["evaluation"] = evaluate_synthetic(synth_emb, state.population.labels, test_emb, test_labels,
+                                                   with_mauve=cfg.mauve, seed=cfg.seed)
+    atomic_write_text(run_dir / "metrics.json", json.dumps(metrics, indent=2, default=float))
+    return run_dir

@@ -1,0 +1,250 @@
+"""The WASP and Aug-PE loops. One :class:`RunState` (a :class:`Population` plus PLM weights and
+history) flows through; every iteration ends with the callbacks (metrics, checkpoint).
+
+Privacy: the only steps that read private data are the vote histograms. Before the first vote
+the runner checks and records ONE :class:`GaussianEvent` covering all T noisy releases
+(``compositions = T``) at the calibrated noise multiplier; generation and prompting only see
+synthetic samples and public label names (post-processing).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from dpsynth_core.errors import DataError
+from dpsynth_core.pe.callbacks import Callback
+from dpsynth_core.pe.checkpoint import RunState
+from dpsynth_core.pe.config import PEConfig
+from dpsynth_core.pe.dp import FederatedGaussianMechanism, GaussianMechanism, calibrate_noise_multiplier
+from dpsynth_core.pe.embedding import Embedding
+from dpsynth_core.pe.histogram import Histogram, NearestNeighborHistogram, TopQHistogram, VoteHistograms
+from dpsynth_core.pe.llm import LLM, GenerationParams
+from dpsynth_core.pe.population import Population, resample_per_class, top_per_class
+from dpsynth_core.pe.prompts import PromptSet
+from dpsynth_core.pe.weights import allocate_budget, update_plm_weights
+
+log = logging.getLogger(__name__)
+VOTE_STAGE = {"wasp": "wasp.topq_vote", "augpe": "augpe.nn_vote"}
+GEN_STAGE = {"wasp": "wasp.generate", "augpe": "augpe.generate"}
+
+
+@dataclass
+class PrivateData:
+    """Private labelled records: held in memory only, never logged or written."""
+
+    texts: list[str]
+    labels: list[str]
+
+    def __repr__(self) -> str:  # never print records by accident
+        return f"PrivateData(<{len(self.texts)} private records>)"
+
+
+def generate_all(llms: Sequence[LLM], requests: list[list[str]], params: list[GenerationParams]) -> list[list[str]]:
+    """Submit every PLM's prompts first, then wait: Ray/Serve backends run concurrently."""
+    pending = [llm.submit(p, prm) if p else None for llm, p, prm in zip(llms, requests, params)]
+    return [[] if h is None else h.result() for h in pending]
+
+
+class PERunner:
+    """Runs ``config.method`` (wasp | augpe) over ``llms`` with a privacy ``ledger``."""
+
+    def __init__(self, config: PEConfig, llms: Sequence[LLM], embedding: Embedding, prompts: PromptSet,
+                 ledger, classes: list[str], callbacks: Sequence[Callback] = ()) -> None:
+        if len(llms) != len(config.plms):
+            raise DataError(f"runner: {len(llms)} LLM backends for {len(config.plms)} configured PLMs")
+        self.cfg = config
+        self.llms = list(llms)
+        self.embedding = embedding
+        self.prompts = prompts
+        self.ledger = ledger
+        self.classes = list(classes)
+        self.callbacks = list(callbacks)
+        self.histogram: Histogram = TopQHistogram(config.q) if config.method == "wasp" else NearestNeighborHistogram()
+        self.noise_multiplier = calibrate_noise_multiplier(config.epsilon, ledger.delta, config.iterations)
+        mech_cls = GaussianMechanism
+        if config.federated_parties > 1:
+            self.mechanism = FederatedGaussianMechanism(self.noise_multiplier, self.histogram.sensitivity,
+                                                        config.federated_parties)
+        else:
+            self.mechanism = mech_cls(self.noise_multiplier, self.histogram.sensitivity)
+
+    # ----------------------------------------------------------------------------- helpers
+    def _rounds(self) -> int:
+        return self.cfg.iterations + 1 if self.cfg.method == "wasp" else 1
+
+    def _per_round(self, rnd: int) -> int:
+        """WASP splits the final N samples over T+1 generation rounds; Aug-PE keeps N each round."""
+        if self.cfg.method == "augpe":
+            return self.cfg.num_synthetic
+        base, extra = divmod(self.cfg.num_synthetic, self.cfg.iterations + 1)
+        return base + (1 if rnd < extra else 0)
+
+    def _params(self, k: int, rnd: int) -> GenerationParams:
+        p = self.cfg.plms[k]
+        return GenerationParams(self.cfg.max_new_tokens, p.temperature, p.top_p,
+                                seed=self.cfg.seed * 100_003 + p.seed * 1_009 + rnd * 31 + k)
+
+    def _assign(self, weights: np.ndarray, total: int) -> list[list[str]]:
+        """Labels each PLM writes this round: classes evenly, PLMs by weight within a class."""
+        per_class = allocate_budget(np.ones(len(self.classes)), total)
+        out: list[list[str]] = [[] for _ in self.llms]
+        for c, n_c in zip(self.classes, per_class):
+            for k, n in enumerate(allocate_budget(weights, n_c)):
+                out[k] += [c] * n
+        return out
+
+    def _generate(self, prompts: list[list[str]], labels: list[list[str]], rnd: int) -> tuple[Population, float]:
+        t0 = time.perf_counter()
+        params = [self._params(k, rnd) for k in range(len(self.llms))]
+        texts = generate_all(self.llms, prompts, params)
+        new = Population()
+        for k, (ts, ls) in enumerate(zip(texts, labels)):
+            if len(ts) != len(ls):
+                raise DataError(f"PLM '{self.llms[k].name}' returned {len(ts)} completions for {len(ls)} prompts")
+            new.extend(ts, ls, [k] * len(ts), born=rnd)
+        return new, time.perf_counter() - t0
+
+    def _noise_rng(self, iteration: int) -> np.random.Generator:
+        if self.cfg.noise_seed is None:
+            return np.random.default_rng()  # OS entropy: the noise is not reproducible on purpose
+        return np.random.default_rng([self.cfg.noise_seed, iteration])
+
+    def _record_privacy(self) -> None:
+        """Check then record the T-fold Gaussian mechanism once, before the first vote."""
+        from dpsynth_core.privacy import GaussianEvent, PostProcessingEvent
+
+        stage = VOTE_STAGE[self.cfg.method]
+        if any(e.stage == stage for e in self.ledger.entries()):
+            return  # resumed run: already accounted (for all T iterations)
+        event = GaussianEvent(noise_multiplier=self.noise_multiplier, compositions=self.cfg.iterations)
+        self.ledger.check(stage, event)
+        self.ledger.record(stage, event, details={
+            "sensitivity_l2": self.histogram.sensitivity, "sigma": self.mechanism.sigma,
+            "q": self.cfg.q if self.cfg.method == "wasp" else None,
+            "federated_parties": self.cfg.federated_parties, "iterations": self.cfg.iterations,
+        })
+        if not any(e.stage == GEN_STAGE[self.cfg.method] for e in self.ledger.entries()):
+            self.ledger.record(GEN_STAGE[self.cfg.method], PostProcessingEvent(),
+                               details={"what": "prompting PLMs with synthetic samples and label names"})
+
+    def _vote(self, private: PrivateData, private_emb: np.ndarray, pop: Population, iteration: int) -> VoteHistograms:
+        synth_emb = self.embedding.encode(pop.texts)
+        rng = self._noise_rng(iteration)
+        has_far = self.histogram.has_farthest
+        if isinstance(self.mechanism, FederatedGaussianMechanism):
+            parties = np.arange(len(private.labels)) % self.mechanism.parties
+            partials = []
+            for j in range(self.mechanism.parties):
+                idx = np.flatnonzero(parties == j)
+                h = self.histogram.compute(private_emb[idx], [private.labels[i] for i in idx], synth_emb, pop.labels)
+                partials.append(h.joint())
+            noisy = self.mechanism.aggregate(partials, rng)
+        else:
+            raw = self.histogram.compute(private_emb, private.labels, synth_emb, pop.labels)
+            noisy = self.mechanism.privatize(raw.joint(), rng)
+        return VoteHistograms.split(noisy, len(pop), has_far)
+
+    def _end_iteration(self, state: RunState) -> None:
+        for cb in self.callbacks:
+            cb.on_iteration_end(state)
+
+    # ----------------------------------------------------------------------------- loops
+    def run(self, private: PrivateData, state: RunState | None = None) -> RunState:
+        """Run (or continue from ``state``) until iteration T; returns the final state."""
+        missing = sorted(set(private.labels) - set(self.classes))
+        if missing:
+            raise DataError(f"private data: {len(missing)} label(s) outside the configured classes")
+        k = len(self.llms)
+        if state is None:
+            w = np.full(k, 1.0 / k)
+            labels = self._assign(w, self._per_round(0))
+            prompts = [[self.prompts.render_zero_shot(c) for c in ls] for ls in labels]
+            pop, secs = self._generate(prompts, labels, rnd=0)
+            state = RunState(self.cfg.method, 0, pop, w.tolist(), [{
+                "iteration": 0, "generated": len(pop), "generate_seconds": round(secs, 3),
+                "plm_weights": w.tolist(), "budgets": [len(ls) for ls in labels],
+            }])
+            self._end_iteration(state)
+        if state.iteration >= self.cfg.iterations:
+            return self._finish(state)
+        self._record_privacy()
+        private_emb = self.embedding.encode(private.texts)
+        bar = tqdm(range(state.iteration + 1, self.cfg.iterations + 1), desc=f"{self.cfg.method} iterations",
+                   initial=state.iteration, total=self.cfg.iterations)
+        for t in bar:
+            step = self._wasp_step if self.cfg.method == "wasp" else self._augpe_step
+            state = step(state, private, private_emb, t)
+            self._end_iteration(state)
+        return self._finish(state)
+
+    def _finish(self, state: RunState) -> RunState:
+        for cb in self.callbacks:
+            cb.on_run_end(state)
+        return state
+
+    def _wasp_step(self, state: RunState, private: PrivateData, private_emb: np.ndarray, t: int) -> RunState:
+        pop = state.population
+        t0 = time.perf_counter()
+        votes = self._vote(private, private_emb, pop, t)
+        vote_secs = time.perf_counter() - t0
+        pop.nearest_votes = votes.nearest.tolist()
+        pop.farthest_votes = votes.farthest.tolist()
+        w = update_plm_weights(votes.nearest, pop.plm_ids, len(self.llms), np.asarray(state.plm_weights),
+                               self.cfg.weight_momentum, self.cfg.weight_floor)
+        good = top_per_class(pop.labels, votes.nearest, self.cfg.select_per_class, self.classes)
+        bad = top_per_class(pop.labels, votes.farthest, self.cfg.select_per_class, self.classes)
+        labels = self._assign(w, self._per_round(t))
+        rng = np.random.default_rng([self.cfg.seed, t])
+        prompts = []
+        for ls in labels:
+            ps = []
+            for c in ls:  # shuffle example order per prompt: more diverse completions
+                g = [pop.texts[i] for i in rng.permutation(good[c])]
+                b = [pop.texts[i] for i in rng.permutation(bad[c])]
+                ps.append(self.prompts.render_contrastive(c, g, b))
+            prompts.append(ps)
+        new, gen_secs = self._generate(prompts, labels, rnd=t)
+        votes_per_plm = np.bincount(pop.plm_ids, weights=np.maximum(votes.nearest, 0), minlength=len(self.llms))
+        n_scored = len(pop)
+        pop.extend(new.texts, new.labels, new.plm_ids, born=t)
+        row = {
+            "iteration": t, "scored": n_scored, "generated": len(new), "population": len(pop),
+            "sigma": self.mechanism.sigma, "noise_multiplier": self.noise_multiplier,
+            "sensitivity": self.histogram.sensitivity, "plm_weights": w.tolist(),
+            "votes_per_plm": votes_per_plm.tolist(), "budgets": [len(ls) for ls in labels],
+            "vote_seconds": round(vote_secs, 3), "generate_seconds": round(gen_secs, 3),
+        }
+        return RunState(state.method, t, pop, w.tolist(), state.history + [row])
+
+    def _augpe_step(self, state: RunState, private: PrivateData, private_emb: np.ndarray, t: int) -> RunState:
+        pop = state.population
+        t0 = time.perf_counter()
+        votes = self._vote(private, private_emb, pop, t)
+        vote_secs = time.perf_counter() - t0
+        pop.nearest_votes = votes.nearest.tolist()
+        per_class = dict(zip(self.classes, allocate_budget(np.ones(len(self.classes)), self.cfg.num_synthetic)))
+        rng = np.random.default_rng([self.cfg.seed, t])
+        chosen = resample_per_class(pop.labels, votes.nearest, self.cfg.threshold, per_class, rng)
+        selected = pop.subset(chosen)
+        row = {"iteration": t, "scored": len(pop), "sigma": self.mechanism.sigma,
+               "noise_multiplier": self.noise_multiplier, "sensitivity": self.histogram.sensitivity,
+               "unique_selected": len(set(chosen)), "vote_seconds": round(vote_secs, 3),
+               "plm_weights": state.plm_weights}
+        if t == self.cfg.iterations:  # last vote: the selected samples are the output
+            row["generate_seconds"] = 0.0
+            return RunState(state.method, t, selected, state.plm_weights, state.history + [row])
+        # Variations: each PLM rewrites the parents it wrote (PLM shares stay fixed in Aug-PE).
+        requests: list[list[str]] = [[] for _ in self.llms]
+        labels: list[list[str]] = [[] for _ in self.llms]
+        for text, label, k in zip(selected.texts, selected.labels, selected.plm_ids):
+            requests[k].append(self.prompts.render_variation(label, text))
+            labels[k].append(label)
+        new, gen_secs = self._generate(requests, labels, rnd=t)
+        row.update(generated=len(new), generate_seconds=round(gen_secs, 3))
+        return RunState(state.method, t, new, state.plm_weights, state.history + [row])
