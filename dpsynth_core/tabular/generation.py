@@ -1,0 +1,188 @@
+"""Fairness-aware constrained generation of table rows.
+
+Rows come out of ``model.generate`` under :class:`ConstrainedRowProcessor` (so every row parses).
+A :class:`GapTracker` keeps running counts of the generated rows: the demographic-parity gap
+(max - min over groups of P(Y = pos | A = a)) and the equalized-odds gap of the generator's own
+implied classifier (y_hat = [p_theta(Y = pos | row so far) >= 0.5]; max over y of the spread over
+groups of P(y_hat = 1 | Y = y, A = a)). With fairness on, a row that would push a tracked gap above
+its threshold (or further from the target rates) is rejected and another is sampled.
+
+This stage sees only the DP generator, never the private data: it is post-processing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+from pydantic import Field
+from transformers import LogitsProcessorList
+
+from dpsynth_core.config import StrictConfig
+from dpsynth_core.errors import ConfigError
+from dpsynth_core.tabular.constrained import ConstrainedRowProcessor, RowConstraint
+from dpsynth_core.tabular.serialize import RowSerializer
+
+
+class FairGenerationSettings(StrictConfig):
+    enabled: bool = False
+    sensitive: str | None = None  # default: the schema's first sensitive attribute
+    max_dp_gap: float | None = Field(0.05, ge=0)
+    max_eo_gap: float | None = Field(None, ge=0)
+    target_rates: dict[str, float] | None = None  # optional target P(Y = pos | A = a) per group
+    warmup_rows: int = Field(50, ge=0)  # accept unconditionally until this many rows
+
+
+class GenerationSettings(StrictConfig):
+    num_rows: int = Field(1000, ge=1)
+    batch_size: int = Field(64, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_attempts_factor: float = Field(4.0, ge=1)
+    seed: int = 0
+    fairness: FairGenerationSettings = Field(default_factory=FairGenerationSettings)
+
+
+@dataclass
+class GapTracker:
+    """Running demographic-parity and equalized-odds gaps over accepted rows."""
+
+    groups: list[str]
+    n: dict[str, int] = field(default_factory=dict)
+    pos: dict[str, int] = field(default_factory=dict)
+    n_y: dict[tuple[str, int], int] = field(default_factory=dict)
+    pred_y: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def add(self, group: str, y: int, y_hat: int, sign: int = 1) -> None:
+        self.n[group] = self.n.get(group, 0) + sign
+        self.pos[group] = self.pos.get(group, 0) + sign * y
+        self.n_y[(group, y)] = self.n_y.get((group, y), 0) + sign
+        self.pred_y[(group, y)] = self.pred_y.get((group, y), 0) + sign * y_hat
+
+    def rates(self) -> dict[str, float]:
+        return {a: self.pos[a] / self.n[a] for a in self.groups if self.n.get(a, 0) > 0}
+
+    def dp_gap(self) -> float:
+        r = list(self.rates().values())
+        return max(r) - min(r) if len(r) > 1 else 0.0
+
+    def eo_gap(self) -> float:
+        gaps = []
+        for y in (0, 1):
+            r = [self.pred_y[(a, y)] / self.n_y[(a, y)] for a in self.groups if self.n_y.get((a, y), 0) > 0]
+            if len(r) > 1:
+                gaps.append(max(r) - min(r))
+        return max(gaps) if gaps else 0.0
+
+    def target_distance(self, target: dict[str, float]) -> float:
+        r = self.rates()
+        return max((abs(r[a] - t) for a, t in target.items() if a in r), default=0.0)
+
+    def total(self) -> int:
+        return sum(self.n.values())
+
+
+def _accept(tracker: GapTracker, fs: FairGenerationSettings, group: str, y: int, y_hat: int) -> bool:
+    """Add the row if it keeps every enforced gap under its threshold or does not worsen it."""
+    before = (tracker.dp_gap(), tracker.eo_gap(), tracker.target_distance(fs.target_rates or {}))
+    tracker.add(group, y, y_hat)
+    if tracker.total() <= fs.warmup_rows:
+        return True
+    after = (tracker.dp_gap(), tracker.eo_gap(), tracker.target_distance(fs.target_rates or {}))
+    limits = (fs.max_dp_gap if not fs.target_rates else None, fs.max_eo_gap, fs.max_dp_gap if fs.target_rates else None)
+    for b, a, lim in zip(before, after, limits):
+        if lim is not None and a > lim and a > b + 1e-12:
+            tracker.add(group, y, y_hat, sign=-1)
+            return False
+    return True
+
+
+@dataclass
+class GenerationResult:
+    frame: pd.DataFrame
+    attempted: int
+    invalid: int
+    rejected: int
+    gap_history: list[dict]
+
+    @property
+    def valid_fraction(self) -> float:
+        return (self.attempted - self.invalid) / max(self.attempted, 1)
+
+
+def generate_rows(model, tokenizer, serializer: RowSerializer, settings: GenerationSettings, *, progress: bool = True) -> GenerationResult:
+    """Sample ``settings.num_rows`` rows (fewer only if max attempts run out) under constrained decoding."""
+    schema = serializer.schema
+    fs = settings.fairness
+    sensitive = fs.sensitive or (schema.sensitive[0] if schema.sensitive else None)
+    if fs.enabled and (sensitive is None or schema.target is None):
+        raise ConfigError("fairness-aware generation needs a sensitive attribute and a target in the schema")
+    if fs.enabled and sensitive not in schema.names:
+        raise ConfigError(f"fairness-aware generation: unknown sensitive column '{sensitive}'")
+    constraint = RowConstraint(serializer, tokenizer)
+    labels = list(schema.column(schema.target).categories or []) if schema.target else []
+    pos_label = schema.positive() if schema.target else None
+    label_first = [constraint.cat_ids[schema.target][y][0] for y in labels] if schema.target else []
+    tracker = GapTracker(groups=list(schema.column(sensitive).categories or []) if sensitive else [])
+    rows, history = [], []
+    attempted = invalid = rejected = 0
+    max_attempts = int(settings.num_rows * settings.max_attempts_factor)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=settings.num_rows, desc="generate rows", unit="row")
+    model.eval()
+    batch_no = 0
+    while len(rows) < settings.num_rows and attempted < max_attempts:
+        bs = min(settings.batch_size, max_attempts - attempted)
+        orders = [serializer.order_for_row() for _ in range(bs)]
+        enc = tokenizer([serializer.prompt(o) for o in orders], add_special_tokens=True, return_tensors="pt", padding=True)
+        proc = ConstrainedRowProcessor(constraint, orders, record_logits_for=[schema.target] if schema.target else [])
+        torch.manual_seed(settings.seed * 100003 + batch_no)
+        batch_no += 1
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=enc["input_ids"].to(model.device), attention_mask=enc["attention_mask"].to(model.device),
+                do_sample=True, temperature=settings.temperature, top_p=settings.top_p,
+                max_new_tokens=max(constraint.max_row_tokens(o) for o in orders),
+                logits_processor=LogitsProcessorList([proc]), pad_token_id=tokenizer.pad_token_id,
+            )
+        texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        for text, state in zip(texts, proc.states):
+            attempted += 1
+            try:
+                row = serializer.parse(text)
+            except Exception:  # noqa: BLE001 - counted, never shown (the row is synthetic but keep logs clean)
+                invalid += 1
+                continue
+            if fs.enabled:
+                y = int(row[schema.target] == pos_label)
+                logits = state.value_start_logits.get(schema.target)
+                p_pos = float(torch.softmax(logits[label_first], -1)[labels.index(pos_label)]) if logits is not None else float(y)
+                if not _accept(tracker, fs, row[sensitive], y, int(p_pos >= 0.5)):
+                    rejected += 1
+                    continue
+            rows.append(row)
+            if bar is not None:
+                bar.update(1)
+            if len(rows) >= settings.num_rows:
+                break
+        if fs.enabled:
+            history.append({"rows": len(rows), "dp_gap": tracker.dp_gap(), "eo_gap": tracker.eo_gap(), "rejected": rejected})
+    if bar is not None:
+        bar.close()
+    frame = pd.DataFrame(rows, columns=schema.names)
+    if len(frame):
+        frame = frame.sample(frac=1.0, random_state=settings.seed).reset_index(drop=True)
+    return GenerationResult(frame=frame, attempted=attempted, invalid=invalid, rejected=rejected, gap_history=history)
+
+
+def dp_gap_of(frame: pd.DataFrame, sensitive: str, target: str, positive: str) -> float:
+    """Demographic-parity gap of a table's own labels: max - min over groups of P(Y = pos | A)."""
+    if frame.empty:
+        return 0.0
+    rates = frame.groupby(sensitive)[target].apply(lambda s: float(np.mean(s == positive)))
+    return float(rates.max() - rates.min()) if len(rates) > 1 else 0.0
