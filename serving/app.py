@@ -1,0 +1,94 @@
+"""Build and deploy the generation application from a :class:`ServeConfig`.
+
+    app = build_generation_app(config)           # a Ray Serve Application (ingress: OpenAIIngress)
+    handle = deploy(config)                      # serve.start(loopback HTTP) + serve.run; returns the ingress handle
+    rows = await handle.generate.remote(GenerationRequest(prompts=["..."]))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+
+from ray import serve
+
+from dpsynth_core.errors import ConfigError
+from serving.config import ModelDeploymentConfig, ServeConfig
+from serving.deployments import BestOfN, Generator, MultiPLMRouter
+from serving.openai_api import OpenAIIngress
+
+
+def generator_deployment_name(model_name: str) -> str:
+    return "Generator_" + re.sub(r"[^A-Za-z0-9_-]", "_", model_name)
+
+
+def api_key_digest(config: ServeConfig) -> str | None:
+    """SHA-256 of the API key named by ``http.api_key_env`` (the key itself never leaves this process)."""
+    name = config.http.api_key_env
+    if name is None:
+        return None
+    key = os.environ.get(name)
+    if not key:
+        raise ConfigError(f"http.api_key_env: environment variable '{name}' is not set (or empty)")
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def _generator_options(model: ModelDeploymentConfig) -> dict:
+    options: dict = {
+        "name": generator_deployment_name(model.name),
+        "ray_actor_options": {"num_cpus": model.num_cpus, "num_gpus": model.num_gpus},
+        "max_ongoing_requests": model.ongoing_requests(),
+    }
+    if model.autoscaling is not None:
+        a = model.autoscaling
+        options["autoscaling_config"] = {
+            "min_replicas": a.min_replicas, "max_replicas": a.max_replicas,
+            "initial_replicas": max(a.min_replicas, 1), "target_ongoing_requests": a.target_ongoing_requests,
+            "upscale_delay_s": a.upscale_delay_s, "downscale_delay_s": a.downscale_delay_s,
+        }
+    else:
+        options["num_replicas"] = model.num_replicas
+    return options
+
+
+def build_generation_app(config: ServeConfig):
+    """The whole app: one Generator deployment per configured model, BestOfN, MultiPLMRouter, ingress."""
+    limits = config.limits.model_dump()
+    generators = {
+        m.name: Generator.options(**_generator_options(m)).bind(m.model_dump(), limits) for m in config.models
+    }
+    best = BestOfN.bind(generators, config.best_of_n.model_dump(), limits)
+    router = MultiPLMRouter.bind(generators)
+    return OpenAIIngress.bind(generators, best, router, config.model_dump(), api_key_digest(config))
+
+
+def http_url(config: ServeConfig) -> str:
+    """Base URL of the HTTP routes (the OpenAI client's ``base_url`` is this + ``/v1``)."""
+    host = config.http.host
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{config.http.port}{config.http.route_prefix.rstrip('/')}"
+
+
+def deploy(config: ServeConfig, *, blocking: bool = False):
+    """Start Serve (HTTP on ``http.host:http.port``, loopback by default) and run the app.
+
+    Ray must be initialised already (``ray.init(...)`` or ``ray.init("ray://...")``). HTTP options
+    are cluster-wide in Serve: if Serve already runs with other options, those stay in force.
+    Returns the ingress handle (``generate``, ``best_of_n``, ``generate_multi``, ``models``, ``stats``).
+    """
+    if config.http.enabled:
+        serve.start(http_options={"host": config.http.host, "port": config.http.port})
+    else:
+        serve.start(proxy_location="Disabled")
+    app = build_generation_app(config)
+    route = config.http.route_prefix if config.http.enabled else None
+    return serve.run(app, name=config.app_name, route_prefix=route, blocking=blocking)
+
+
+def undeploy(config: ServeConfig) -> None:
+    """Delete this app (other Serve apps on the cluster keep running)."""
+    serve.delete(config.app_name)
