@@ -5,4 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export RAY_USAGE_STATS_ENABLED=0 RAY_ENABLE_UV_RUN_RUNTIME_ENV=0
-.venv/bin/python -m pytest -q -p no:cacheprovider --timeout=900 --durations=15 tests "$@"
+# Paths given: run only those (appending "tests" as well would collect the whole suite).
+targets=(tests)
+for arg in "$@"; do
+  if [[ "$arg" != -* ]]; then targets=(); break; fi
+done
+.venv/bin/python -m pytest -q -p no:cacheprovider --timeout=900 --durations=15 "${targets[@]}" "$@"
