@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import ray
@@ -62,49 +63,85 @@ class RayActorLLM(LLM):
 
 
 class ServeHandleLLM(LLM):
-    """A PLM behind a Ray Serve ``Generator`` deployment (serving engineer's contract):
-    ``handle.generate.remote(GenerationRequest(...)) -> list[list[str]]``. Prompts are rendered with
-    the model's chat template here and sent with ``chat=True``."""
+    """A PLM behind its own Ray Serve ``Generator`` deployment, reached through the generation app's
+    ingress handle (``handle.generate.remote(GenerationRequest, model) -> list[list[str]]``, the
+    serving contract). ``submit`` returns a ``DeploymentResponse`` at once, so the K PLMs' requests
+    run concurrently, each batched by its replica. Prompts are chat-rendered here (``chat=True``)."""
 
-    def __init__(self, handle, model: str, name: str | None = None) -> None:
+    def __init__(self, handle, deployment_name: str, model: str, name: str | None = None,
+                 max_prompts: int = 64, app_name: str = "dpsynth-pe-plms") -> None:
         from dpsynth_core.models import load_tokenizer
 
         self.handle = handle
+        self.deployment_name = deployment_name
         self.name = name or model
+        self.max_prompts = max_prompts
+        self.app_name = app_name
         self.tokenizer = load_tokenizer(model)
 
     def submit(self, prompts: list[str], params: GenerationParams):
         from serving.schemas import GenerationRequest
 
-        req = GenerationRequest(prompts=[format_prompt(self.tokenizer, p) for p in prompts],
-                                max_new_tokens=params.max_new_tokens, temperature=params.temperature,
-                                top_p=params.top_p, n=1, seed=params.seed, chat=True)
-        response = self.handle.generate.remote(req)  # DeploymentResponse: does not block
+        rendered = [format_prompt(self.tokenizer, p) for p in prompts]
+        chat = bool(getattr(self.tokenizer, "chat_template", None))  # template already added the specials
+        responses = [
+            self.handle.generate.remote(GenerationRequest(
+                prompts=rendered[i : i + self.max_prompts], max_new_tokens=params.max_new_tokens,
+                temperature=params.temperature, top_p=params.top_p, n=1, seed=(params.seed + i) % 2**62,
+                chat=chat), self.deployment_name)
+            for i in range(0, len(rendered), self.max_prompts)
+        ]  # DeploymentResponses: nothing blocks until result()
 
         class _Resp:
             def result(_self) -> list[str]:
-                return [clean_completion(c[0]) for c in response.result()]
+                return [clean_completion(row[0]) for r in responses for row in r.result()]
 
         return _Resp()
 
     def generate(self, prompts: list[str], params: GenerationParams) -> list[str]:
         return self.submit(prompts, params).result()
 
-
-def deploy_serve_plm(cfg: PLMConfig, app_name: str):
-    """Deploy one Generator for ``cfg.model`` as its own Serve application; returns its handle."""
-    from ray import serve
-
-    from serving.app import build_generation_app
-
-    app = build_generation_app({"model": cfg.model, "num_cpus": cfg.num_threads, "max_batch_size": cfg.batch_size})
-    return serve.run(app, name=app_name, route_prefix=f"/{app_name}")
+    def close(self) -> None:
+        close_serve_plms(self.app_name)
 
 
-def make_llms(plms: Sequence[PLMConfig]) -> list[LLM]:
-    """One backend per configured PLM; actors are started together and awaited once."""
+SERVE_APP = "dpsynth-pe-plms"
+
+
+def serve_deployment_names(plms: Sequence[PLMConfig]) -> list[str]:
+    """Valid, unique Serve model names for the configured PLMs (``k-<display name>``)."""
+    return [f"{k}-" + (re.sub(r"[^A-Za-z0-9._-]", "_", p.display_name)[:60]) for k, p in enumerate(plms)]
+
+
+def deploy_serve_plms(plms: Sequence[PLMConfig], max_new_tokens: int = 512, app_name: str = SERVE_APP):
+    """One Serve application holding one ``Generator`` deployment per PLM (``serving.app``), HTTP
+    off (handles only). Returns ``(ingress handle, deployment names, serve config)``."""
+    from serving.app import deploy
+    from serving.config import ServeConfig
+
+    names = serve_deployment_names(plms)
+    config = ServeConfig(
+        app_name=app_name,
+        models=[{"name": n, "model": p.model, "max_batch_size": p.batch_size, "num_cpus": p.num_threads,
+                 "torch_threads": p.num_threads, "max_ongoing_requests": 1024} for n, p in zip(names, plms)],
+        http={"enabled": False},
+        limits={"max_tokens": max(512, max_new_tokens), "max_prompts": 64, "max_sequences": 256},
+    )
+    return deploy(config), names, config
+
+
+def make_llms(plms: Sequence[PLMConfig], max_new_tokens: int = 512) -> list[LLM]:
+    """One backend per configured PLM; actors are started together and awaited once; PLMs with
+    ``backend: serve`` share one Serve app (one Generator deployment each)."""
     if any(p.backend in ("ray_actor", "serve") for p in plms) and not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": _ENV})
+    serve_idx = [k for k, p in enumerate(plms) if p.backend == "serve"]
+    serve_llms: dict[int, LLM] = {}
+    if serve_idx:
+        handle, names, config = deploy_serve_plms([plms[k] for k in serve_idx], max_new_tokens)
+        for k, name in zip(serve_idx, names):
+            serve_llms[k] = ServeHandleLLM(handle, name, plms[k].model, plms[k].display_name,
+                                           max_prompts=config.limits.max_prompts, app_name=config.app_name)
     out: list[LLM] = []
     for k, p in enumerate(plms):
         if p.backend == "hf":
@@ -112,7 +149,7 @@ def make_llms(plms: Sequence[PLMConfig]) -> list[LLM]:
         elif p.backend == "ray_actor":
             out.append(RayActorLLM(p))
         elif p.backend == "serve":
-            out.append(ServeHandleLLM(deploy_serve_plm(p, f"pe-plm-{k}"), p.model, p.display_name))
+            out.append(serve_llms[k])
         elif p.backend == "openai":
             if not p.base_url:
                 raise ConfigError(f"plms[{k}].base_url is required for backend 'openai'")
@@ -123,3 +160,13 @@ def make_llms(plms: Sequence[PLMConfig]) -> list[LLM]:
         if isinstance(llm, RayActorLLM):
             llm.wait_ready()
     return out
+
+
+def close_serve_plms(app_name: str = SERVE_APP) -> None:
+    """Delete the PE Serve app (other Serve apps keep running)."""
+    from ray import serve
+
+    try:
+        serve.delete(app_name)
+    except Exception:  # noqa: BLE001 - already gone / Serve not running
+        pass

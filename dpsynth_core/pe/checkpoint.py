@@ -73,3 +73,35 @@ def load_latest_checkpoint(run_dir: Path) -> RunState | None:
         return RunState.from_dict(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, json.JSONDecodeError, KeyError) as exc:
         raise DataError(f"{path}: unreadable checkpoint ({type(exc).__name__}); start with --fresh") from None
+
+
+class VoteStore:
+    """Keeps each iteration's *noisy* vote vector (a DP release) as soon as it is drawn.
+
+    A run interrupted after a vote but before that iteration's checkpoint would otherwise draw a
+    second noisy histogram of the same private data on resume: one release more than the ledger
+    accounts. Resuming re-uses the stored release instead (post-processing, no extra cost).
+    Only noisy values are stored, never raw counts or private records.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.folder = Path(run_dir) / "votes"
+
+    def _path(self, iteration: int) -> Path:
+        return self.folder / f"iter_{iteration:04d}.json"
+
+    def load(self, iteration: int, size: int) -> list[float] | None:
+        path = self._path(iteration)
+        if not path.is_file():
+            return None
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise DataError(f"{path}: unreadable stored vote ({type(exc).__name__})") from None
+        if int(saved["size"]) != size:
+            raise DataError(f"{path}: stored vote has {saved['size']} entries, the population needs {size}; "
+                            "the run directory is inconsistent (start with --fresh)")
+        return [float(v) for v in saved["noisy"]]
+
+    def save(self, iteration: int, noisy: list[float], size: int) -> None:
+        atomic_write_text(self._path(iteration), json.dumps({"size": int(size), "noisy": list(map(float, noisy))}))

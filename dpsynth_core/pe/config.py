@@ -37,12 +37,23 @@ class PEDataConfig(StrictConfig):
     path: Path | None = None  # for source: file (CSV / JSONL / Parquet)
     text_col: str = "abstract"
     label_col: str = "category"
-    classes: list[str] | None = None  # default: the num_classes most frequent labels
-    num_classes: int = Field(5, ge=2)
+    # Required and public: choosing classes from label counts would read the private data.
+    classes: list[str] | None = None
     num_private: int = Field(100, ge=1)  # M, split evenly over classes
     num_test: int = Field(250, ge=0)  # real held-out, disjoint from the private samples
     max_chars: int = Field(1500, ge=50)
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _check_classes(self) -> PEDataConfig:
+        if not self.classes or len(self.classes) < 2:
+            raise ValueError(
+                "data.classes is required: list at least 2 label names (public information). Classes are "
+                "never chosen from the data's label counts, which would depend on the private records"
+            )
+        if len(set(self.classes)) != len(self.classes):
+            raise ValueError("data.classes: label names must be unique")
+        return self
 
 
 class PEConfig(StrictConfig):
@@ -52,7 +63,7 @@ class PEConfig(StrictConfig):
     run_dir: Path = Path("runs/pe")
     dataset_name: str = "biorxiv"
     prompts: str = "biorxiv"  # bundled prompt folder name or a directory
-    data: PEDataConfig = PEDataConfig()
+    data: PEDataConfig
     plms: list[PLMConfig] = Field(default_factory=lambda: [PLMConfig()], min_length=1)
     embedder: str = "minilm"
     epsilon: float = Field(4.0, gt=0)
@@ -69,7 +80,8 @@ class PEConfig(StrictConfig):
     seed: int = 0  # generation seeds and data split
     noise_seed: int | None = None  # None: fresh OS entropy for the DP noise (use an int only in tests)
     evaluate: bool = True
-    baselines: bool = False  # also evaluate "private samples only" and zero-shot generation
+    baselines: bool = False  # also evaluate "private samples only" (non-DP reference) and zero-shot generation
+    parallel_plms: bool = True  # False: call the PLMs one after another (timing comparison only)
     mauve: bool = True
 
     @model_validator(mode="after")

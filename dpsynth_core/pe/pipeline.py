@@ -19,7 +19,7 @@ import yaml
 from dpsynth_core.config import load_config
 from dpsynth_core.errors import ConfigError, DataError
 from dpsynth_core.pe.callbacks import Callback, CheckpointCallback, MetricsLogger
-from dpsynth_core.pe.checkpoint import RunState, atomic_write_text, load_latest_checkpoint
+from dpsynth_core.pe.checkpoint import RunState, VoteStore, atomic_write_text, load_latest_checkpoint
 from dpsynth_core.pe.config import PEConfig, PLMConfig
 from dpsynth_core.pe.embedding import Embedding, SentenceEmbedding
 from dpsynth_core.pe.evaluate import evaluate_synthetic
@@ -56,7 +56,9 @@ def split_data(cfg: PEConfig) -> tuple[PrivateData, list[str], list[str], list[s
         if col not in frame.columns:
             raise DataError(f"{where}: column '{col}' not found")
     labels = frame[d.label_col].astype(str)
-    classes = list(d.classes) if d.classes else list(labels.value_counts().index[: d.num_classes])
+    if not d.classes:  # the config validator requires them; never fall back to label counts
+        raise ConfigError("data.classes is required (public label names)")
+    classes = list(d.classes)
     unknown = [c for c in classes if c not in set(labels)]
     if unknown:
         raise ConfigError(f"data.classes: {unknown} not found in column '{d.label_col}' of {where}")
@@ -138,11 +140,55 @@ def execute(cfg: PEConfig, run_dir: Path, llms: Sequence[LLM], private: PrivateD
     """Run the loop in ``run_dir`` (resuming from its latest checkpoint when ``resume``)."""
     ledger = open_ledger(cfg, run_dir, len(private.texts))
     cbs = [MetricsLogger(run_dir), CheckpointCallback(run_dir), *callbacks]
-    runner = PERunner(cfg, llms, embedding, load_prompts(cfg.prompts), ledger, classes, cbs)
+    runner = make_runner(cfg, llms, embedding, ledger, classes, cbs, run_dir)
     state = load_latest_checkpoint(run_dir) if resume else None
     if state is not None:
         log.info("resuming %s from iteration %d", cfg.method, state.iteration)
     return runner.run(private, state)
+
+
+def make_runner(cfg: PEConfig, llms: Sequence[LLM], embedding: Embedding, ledger, classes: list[str],
+                callbacks: Sequence[Callback], run_dir: Path) -> PERunner:
+    return PERunner(cfg, llms, embedding, load_prompts(cfg.prompts), ledger, classes, callbacks,
+                    vote_store=VoteStore(run_dir))
+
+
+BASELINE_ROUND = 10_000  # generation-seed round of the zero-shot baseline (distinct from the run's rounds)
+
+
+def run_baselines(cfg: PEConfig, run_dir: Path, llms: Sequence[LLM], embedding: Embedding, private: PrivateData,
+                  classes: list[str], test_emb: np.ndarray, test_labels: list[str], num_synthetic: int) -> dict:
+    """Reference points for the synthetic set, tested on the same real held-out set:
+
+    * ``zero_shot``: ``num_synthetic`` samples from the same PLMs (equal shares) with the zero-shot
+      prompt only -- no private data at all (epsilon 0). Written to ``baseline_zero_shot.jsonl``.
+    * ``private_only``: the classifier trained on the M private records themselves. NOT differentially
+      private: a non-DP reference of what the few private samples are worth; only its test
+      accuracy (an aggregate) is reported, never a record.
+    """
+    from dpsynth_core.pe.evaluate import downstream_accuracy
+    from dpsynth_core.privacy import PrivacyLedger
+
+    path = run_dir / "baseline_zero_shot.jsonl"
+    names = [p.display_name for p in cfg.plms]
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else []
+    seconds = None
+    if len(rows) != num_synthetic:
+        ledger = PrivacyLedger.open(run_dir)
+        runner = make_runner(cfg, llms, embedding, ledger, classes, (), run_dir)
+        pop, seconds, _ = runner.zero_shot(num_synthetic, rnd=BASELINE_ROUND)
+        rows = [{"text": t, "label": y, "plm": names[k]} for t, y, k in zip(pop.texts, pop.labels, pop.plm_ids)]
+        atomic_write_text(path, "\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n")
+    zs_emb = embedding.encode([r["text"] for r in rows])
+    zero_shot = evaluate_synthetic(zs_emb, [r["label"] for r in rows], test_emb, test_labels,
+                                   with_mauve=cfg.mauve, seed=cfg.seed)
+    zero_shot.update(epsilon=0.0, generate_seconds=None if seconds is None else round(seconds, 2))
+    priv_emb = embedding.encode(private.texts)
+    private_only = {
+        "n_train": len(private.texts), "dp": False,
+        "accuracy": downstream_accuracy(priv_emb, private.labels, test_emb, test_labels, cfg.seed),
+    }
+    return {"zero_shot": zero_shot, "private_only": private_only}
 
 
 def run_pipeline(config_path: str | Path, method: str, make_llms: LLMFactory, resume: bool = True,
@@ -155,10 +201,15 @@ def run_pipeline(config_path: str | Path, method: str, make_llms: LLMFactory, re
     private, test_texts, test_labels, classes = split_data(cfg)
     embedding = SentenceEmbedding(cfg.embedder)
     llms = make_llms(cfg.plms)
+    test_emb = embedding.encode(test_texts) if test_texts and (cfg.evaluate or cfg.baselines) else None
+    baselines = None
     try:
         t0 = time.perf_counter()
         state = execute(cfg, run_dir, llms, private, classes, embedding, callbacks, resume=True)
         seconds = time.perf_counter() - t0
+        if cfg.baselines and test_emb is not None:
+            baselines = run_baselines(cfg, run_dir, llms, embedding, private, classes, test_emb, test_labels,
+                                      len(state.population))
     finally:
         for llm in llms:
             llm.close()
@@ -172,10 +223,11 @@ def run_pipeline(config_path: str | Path, method: str, make_llms: LLMFactory, re
                "num_synthetic": len(state.population), "iterations": cfg.iterations,
                "run_seconds": round(seconds, 2), "plms": names, "history": state.history,
                "privacy": ledger.to_dict()}
-    if cfg.evaluate and test_texts:
-        test_emb = embedding.encode(test_texts)
+    if cfg.evaluate and test_emb is not None:
         synth_emb = embedding.encode(state.population.texts)
         metrics["evaluation"] = evaluate_synthetic(synth_emb, state.population.labels, test_emb, test_labels,
                                                    with_mauve=cfg.mauve, seed=cfg.seed)
+    if baselines is not None:
+        metrics["baselines"] = baselines
     atomic_write_text(run_dir / "metrics.json", json.dumps(metrics, indent=2, default=float))
     return run_dir

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from dpsynth_core.errors import DataError
 from dpsynth_core.pe.callbacks import Callback
-from dpsynth_core.pe.checkpoint import RunState
+from dpsynth_core.pe.checkpoint import RunState, VoteStore
 from dpsynth_core.pe.config import PEConfig
 from dpsynth_core.pe.dp import FederatedGaussianMechanism, GaussianMechanism, calibrate_noise_multiplier
 from dpsynth_core.pe.embedding import Embedding
@@ -45,8 +45,12 @@ class PrivateData:
         return f"PrivateData(<{len(self.texts)} private records>)"
 
 
-def generate_all(llms: Sequence[LLM], requests: list[list[str]], params: list[GenerationParams]) -> list[list[str]]:
-    """Submit every PLM's prompts first, then wait: Ray/Serve backends run concurrently."""
+def generate_all(llms: Sequence[LLM], requests: list[list[str]], params: list[GenerationParams],
+                 parallel: bool = True) -> list[list[str]]:
+    """Submit every PLM's prompts first, then wait: Ray/Serve backends run concurrently.
+    ``parallel=False`` waits for each PLM before calling the next (the reference code's way)."""
+    if not parallel:
+        return [llm.submit(p, prm).result() if p else [] for llm, p, prm in zip(llms, requests, params)]
     pending = [llm.submit(p, prm) if p else None for llm, p, prm in zip(llms, requests, params)]
     return [[] if h is None else h.result() for h in pending]
 
@@ -55,7 +59,8 @@ class PERunner:
     """Runs ``config.method`` (wasp | augpe) over ``llms`` with a privacy ``ledger``."""
 
     def __init__(self, config: PEConfig, llms: Sequence[LLM], embedding: Embedding, prompts: PromptSet,
-                 ledger, classes: list[str], callbacks: Sequence[Callback] = ()) -> None:
+                 ledger, classes: list[str], callbacks: Sequence[Callback] = (),
+                 vote_store: VoteStore | None = None) -> None:
         if len(llms) != len(config.plms):
             raise DataError(f"runner: {len(llms)} LLM backends for {len(config.plms)} configured PLMs")
         self.cfg = config
@@ -65,6 +70,7 @@ class PERunner:
         self.ledger = ledger
         self.classes = list(classes)
         self.callbacks = list(callbacks)
+        self.vote_store = vote_store
         self.histogram: Histogram = TopQHistogram(config.q) if config.method == "wasp" else NearestNeighborHistogram()
         self.noise_multiplier = calibrate_noise_multiplier(config.epsilon, ledger.delta, config.iterations)
         mech_cls = GaussianMechanism
@@ -102,13 +108,22 @@ class PERunner:
     def _generate(self, prompts: list[list[str]], labels: list[list[str]], rnd: int) -> tuple[Population, float]:
         t0 = time.perf_counter()
         params = [self._params(k, rnd) for k in range(len(self.llms))]
-        texts = generate_all(self.llms, prompts, params)
+        texts = generate_all(self.llms, prompts, params, parallel=self.cfg.parallel_plms)
         new = Population()
         for k, (ts, ls) in enumerate(zip(texts, labels)):
             if len(ts) != len(ls):
                 raise DataError(f"PLM '{self.llms[k].name}' returned {len(ts)} completions for {len(ls)} prompts")
             new.extend(ts, ls, [k] * len(ts), born=rnd)
         return new, time.perf_counter() - t0
+
+    def zero_shot(self, total: int, rnd: int = 0) -> tuple[Population, float, list[int]]:
+        """``total`` zero-shot samples, classes evenly, PLMs equally (no private data involved).
+        Returns the population, the generation wall time and each PLM's budget."""
+        w = np.full(len(self.llms), 1.0 / len(self.llms))
+        labels = self._assign(w, total)
+        prompts = [[self.prompts.render_zero_shot(c) for c in ls] for ls in labels]
+        pop, secs = self._generate(prompts, labels, rnd=rnd)
+        return pop, secs, [len(ls) for ls in labels]
 
     def _noise_rng(self, iteration: int) -> np.random.Generator:
         if self.cfg.noise_seed is None:
@@ -134,9 +149,20 @@ class PERunner:
                                details={"what": "prompting PLMs with synthetic samples and label names"})
 
     def _vote(self, private: PrivateData, private_emb: np.ndarray, pop: Population, iteration: int) -> VoteHistograms:
+        has_far = self.histogram.has_farthest
+        if self.vote_store is not None:
+            stored = self.vote_store.load(iteration, len(pop))
+            if stored is not None:  # released before an interruption: re-use it, never redraw
+                log.info("iteration %d: re-using the stored noisy vote", iteration)
+                return VoteHistograms.split(np.asarray(stored), len(pop), has_far)
+        noisy = self._noisy_vote(private, private_emb, pop, iteration)
+        if self.vote_store is not None:
+            self.vote_store.save(iteration, noisy.tolist(), len(pop))
+        return VoteHistograms.split(noisy, len(pop), has_far)
+
+    def _noisy_vote(self, private: PrivateData, private_emb: np.ndarray, pop: Population, iteration: int) -> np.ndarray:
         synth_emb = self.embedding.encode(pop.texts)
         rng = self._noise_rng(iteration)
-        has_far = self.histogram.has_farthest
         if isinstance(self.mechanism, FederatedGaussianMechanism):
             parties = np.arange(len(private.labels)) % self.mechanism.parties
             partials = []
@@ -148,7 +174,7 @@ class PERunner:
         else:
             raw = self.histogram.compute(private_emb, private.labels, synth_emb, pop.labels)
             noisy = self.mechanism.privatize(raw.joint(), rng)
-        return VoteHistograms.split(noisy, len(pop), has_far)
+        return noisy
 
     def _end_iteration(self, state: RunState) -> None:
         for cb in self.callbacks:
@@ -163,12 +189,10 @@ class PERunner:
         k = len(self.llms)
         if state is None:
             w = np.full(k, 1.0 / k)
-            labels = self._assign(w, self._per_round(0))
-            prompts = [[self.prompts.render_zero_shot(c) for c in ls] for ls in labels]
-            pop, secs = self._generate(prompts, labels, rnd=0)
+            pop, secs, budgets = self.zero_shot(self._per_round(0), rnd=0)
             state = RunState(self.cfg.method, 0, pop, w.tolist(), [{
                 "iteration": 0, "generated": len(pop), "generate_seconds": round(secs, 3),
-                "plm_weights": w.tolist(), "budgets": [len(ls) for ls in labels],
+                "plm_weights": w.tolist(), "budgets": budgets,
             }])
             self._end_iteration(state)
         if state.iteration >= self.cfg.iterations:
