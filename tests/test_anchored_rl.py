@@ -162,3 +162,28 @@ def test_rl_stage_never_opens_the_private_data(artifacts, tmp_path, monkeypatch)
     assert (result.adapter_dir / "adapter_config.json").is_file()
     assert any(str(artifacts.anchors_path) in p for p in opened)  # the audit does see the stage's reads
     assert not [p for p in opened if str(private) in str(Path(p).resolve())]
+
+
+def _adapter_delta(artifacts: RLArtifacts, adapter_dir: Path) -> float:
+    from safetensors.torch import load_file
+
+    before = load_file(str(artifacts.adapter_dir / "adapter_model.safetensors"))
+    after = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    return max((after[k].float() - before[k].float()).abs().max().item() for k in before)
+
+
+def test_trl_engine_adds_the_anchor_term_to_rloo(artifacts, tmp_path):
+    """engine=trl is trl.RLOOTrainer + gamma*SFT: with tied rewards (zero RLOO advantages) only the
+    anchor term can move the policy, so gamma=0 leaves the adapter unchanged and gamma>0 does not."""
+    flat = lambda texts, targets: [0.5] * len(texts)  # noqa: E731
+    common = dict(steps=1, prompts_per_step=2, group_size=2, anchor_batch_size=2, max_new_tokens=6,
+                  max_seq_len=128, learning_rate=1e-2, engine="trl")
+    no_anchor = run_anchored_rl(artifacts, AnchoredRLConfig(gamma0=0.0, gamma1=0.0, **common), tmp_path / "g0",
+                                reward_fn=flat, progress=False)
+    anchored = run_anchored_rl(artifacts, AnchoredRLConfig(gamma0=2.0, gamma1=2.0, **common), tmp_path / "g2",
+                               reward_fn=flat, progress=False)
+    assert _adapter_delta(artifacts, no_anchor.adapter_dir) == 0.0
+    assert _adapter_delta(artifacts, anchored.adapter_dir) > 1e-6
+    h = anchored.history[0]
+    assert h["gamma"] == pytest.approx(2.0) and h["sft_loss"] > 0 and h["reward"] == pytest.approx(0.5)
+    assert not (tmp_path / "g2" / ".trl").exists()  # trl's scratch directory is cleaned up

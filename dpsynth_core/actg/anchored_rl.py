@@ -1,6 +1,9 @@
 """Anchored RL: L = L_RL + gamma(t) * L_SFT(anchor set), one optimizer step for both terms.
 
-Algorithm: **RLOO** (REINFORCE Leave-One-Out, Ahmadian et al. 2024), implemented in plain torch.
+Algorithm: **RLOO** (REINFORCE Leave-One-Out, Ahmadian et al. 2024). Two engines, one config:
+``engine: trl`` (default) runs ``trl.RLOOTrainer`` with the anchor term added to its loss
+(:mod:`dpsynth_core.actg.anchored_rl_trl`); ``engine: torch`` runs the same update below in plain
+torch (kept for its explicit accelerate/ZeRO-3 path and as a cross-check of the trl engine).
 
 * Why RLOO (not PPO): PPO needs a value model (a second network, its own loss and memory) and
   several epochs per batch; on a 2-core CPU that doubles the cost for no gain on such short
@@ -8,10 +11,9 @@ Algorithm: **RLOO** (REINFORCE Leave-One-Out, Ahmadian et al. 2024), implemented
   the two we take RLOO: its leave-one-out baseline is unbiased and it does not divide by the
   group's reward std, which is 0 (or tiny) for the groups of 2-4 samples we can afford here and
   would blow up GRPO's normalised advantage.
-* Why plain torch and not ``trl.RLOOTrainer``: the anchor term must enter the SAME backward pass
-  and optimizer step as the policy-gradient term, with a per-step gamma; trl's trainer owns the
-  generation/step loop and its dataset plumbing, and mixing in a second (anchor) batch means
-  overriding most of it. The update below is the standard on-policy RLOO update (one gradient
+* The anchor term enters the SAME backward pass and optimizer step as the policy-gradient term,
+  with a per-step gamma (the trl engine overrides ``compute_loss`` for that). The plain-torch
+  update below is the standard on-policy RLOO update (one gradient
   step per batch, so the PPO ratio is 1 and clipping is moot): sample ``group_size``
   completions per prompt with the current policy, reward r_i = IFAcc(completion_i, attributes),
   advantage A_i = r_i - mean_{j != i} r_j, and
@@ -102,7 +104,10 @@ class AnchoredRLConfig(StrictConfig):
     top_p: float = Field(1.0, gt=0, le=1)
     max_seq_len: int = Field(384, ge=16)
     seed: int = 0
-    use_accelerate: bool = False  # GPU clusters: DeepSpeed ZeRO-3 via accelerate (unmeasured here)
+    # "trl": trl.RLOOTrainer + the anchor term (anchored_rl_trl.py); "torch": the same update in
+    # plain torch below (no Trainer machinery; its accelerate path is the ZeRO-3 route).
+    engine: Literal["trl", "torch"] = "trl"
+    use_accelerate: bool = False  # engine "torch" on GPU clusters: DeepSpeed ZeRO-3 via accelerate (unmeasured here)
 
     def gamma_schedule(self) -> GammaSchedule:
         return GammaSchedule(self.gamma0, self.gamma1, self.steps, self.schedule, self.step_at)
@@ -321,32 +326,42 @@ def run_anchored_rl(artifacts: RLArtifacts, config: AnchoredRLConfig, output_dir
         raise DataError(f"{artifacts.anchors_path}: every anchor text is empty")
     torch.manual_seed(config.seed)
     policy, tokenizer = load_trainable_policy(artifacts.base_model, artifacts.adapter_dir)
-    params = [p for p in policy.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=0.0)
-    accelerator = None
-    if config.use_accelerate:  # pragma: no cover - GPU clusters only, unmeasured here
-        from accelerate import Accelerator
-
-        accelerator = Accelerator()
-        policy, optimizer = accelerator.prepare(policy, optimizer)
-    gamma = config.gamma_schedule()
-    rng = torch.Generator().manual_seed(config.seed)
-    history = []
-    for t in tqdm(range(config.steps), desc="anchored RL", disable=not progress, unit="step"):
-        idx = torch.randint(len(attribute_rows), (config.prompts_per_step,), generator=rng).tolist()
-        aidx = torch.randint(len(anchor_examples), (config.anchor_batch_size,), generator=rng).tolist()
-        targets = [attribute_rows[i] for i in idx]
-        t0 = time.perf_counter()
-        row = anchored_rl_step(policy, tokenizer, optimizer, prompts=[prompt_of(r) for r in targets],
-                               targets=targets, anchor_examples=[anchor_examples[i] for i in aidx],
-                               gamma=gamma(t), reward_fn=reward_fn, config=config,
-                               seed=config.seed * 7919 + t, accelerator=accelerator)
-        row.update(step=t + 1, seconds=time.perf_counter() - t0)
-        history.append(row)
-    if accelerator is not None:  # pragma: no cover
-        policy = accelerator.unwrap_model(policy)
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    accelerator = None
+    if config.engine == "trl":
+        from dpsynth_core.actg.anchored_rl_trl import train_with_trl
+
+        # enough prompts for every step; trl samples them without replacement per epoch
+        n = max(len(attribute_rows), config.steps * config.prompts_per_step)
+        targets = [attribute_rows[i % len(attribute_rows)] for i in range(n)]
+        history = train_with_trl(policy, tokenizer, prompts=[prompt_of(r) for r in targets], targets=targets,
+                                 anchor_examples=anchor_examples, reward_fn=reward_fn, config=config,
+                                 output_dir=output_dir, progress=progress)
+    else:
+        params = [p for p in policy.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=0.0)
+        if config.use_accelerate:  # pragma: no cover - GPU clusters only, unmeasured here
+            from accelerate import Accelerator
+
+            accelerator = Accelerator()
+            policy, optimizer = accelerator.prepare(policy, optimizer)
+        gamma = config.gamma_schedule()
+        rng = torch.Generator().manual_seed(config.seed)
+        history = []
+        for t in tqdm(range(config.steps), desc="anchored RL", disable=not progress, unit="step"):
+            idx = torch.randint(len(attribute_rows), (config.prompts_per_step,), generator=rng).tolist()
+            aidx = torch.randint(len(anchor_examples), (config.anchor_batch_size,), generator=rng).tolist()
+            targets = [attribute_rows[i] for i in idx]
+            t0 = time.perf_counter()
+            row = anchored_rl_step(policy, tokenizer, optimizer, prompts=[prompt_of(r) for r in targets],
+                                   targets=targets, anchor_examples=[anchor_examples[i] for i in aidx],
+                                   gamma=gamma(t), reward_fn=reward_fn, config=config,
+                                   seed=config.seed * 7919 + t, accelerator=accelerator)
+            row.update(step=t + 1, seconds=time.perf_counter() - t0)
+            history.append(row)
+    if accelerator is not None:  # pragma: no cover
+        policy = accelerator.unwrap_model(policy)
     final, tmp = output_dir / "adapter", output_dir / ".adapter.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     policy.save_pretrained(str(tmp))
