@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 

@@ -50,6 +50,7 @@ from dpsynth_core.actg.extractors import ExtractorConfig
 from dpsynth_core.actg.generator import GenerationSettings
 from dpsynth_core.config import StrictConfig, load_config
 from dpsynth_core.errors import ConfigError, DataError
+from dpsynth_core.files import atomic_write_text
 
 STAGES_ACTG = ["schema", "private", "generate", "best_of_n", "anchored_rl", "synthesize", "evaluate"]
 STAGES_VANILLA = ["private", "synthesize", "evaluate"]
@@ -204,14 +205,6 @@ class RunDir:
 
     def mark(self, stage: str, summary: dict) -> None:
         atomic_write_text(self.marker(stage), json.dumps({"stage": stage, **summary}, indent=2, default=str))
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -526,7 +519,6 @@ def stage_evaluate(cfg: ActgConfig, root: str) -> dict:
     import pandas as pd
 
     from dpsynth_core.actg import features, text_eval
-    from dpsynth_core.actg.best_of_n import plot_ifacc_stages
     from dpsynth_core.actg.extractors import build_extractor, ifacc_scores
     from dpsynth_core.models import load_embedder
     from dpsynth_core.privacy import PrivacyLedger

@@ -13,9 +13,7 @@ option lists from here, so no category is ever learnt from private data for free
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 from dpsynth_core.config import format_validation_error
 from dpsynth_core.errors import ConfigError, DataError
+from dpsynth_core.files import atomic_write_text
 
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 MAX_OPTION_CHARS = 200
@@ -159,7 +158,7 @@ class AttributeSchema(BaseModel):
         """Write YAML (or JSON if the suffix is .json) atomically."""
         path = Path(path)
         text = json.dumps(self.to_dict(), indent=2) if path.suffix == ".json" else self.to_yaml()
-        _atomic_write_text(path, text)
+        atomic_write_text(path, text)
         return path
 
 
@@ -211,18 +210,6 @@ def load_schema(path: str | Path) -> AttributeSchema:
     except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
     return schema_from_dict(raw, source=str(path))
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 BUILTIN_SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "configs" / "schemas"

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import secrets
 import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from dpsynth_core.dpsgd.checkpoint import (
 )
 from dpsynth_core.dpsgd.config import DpSgdConfig, TrainExample, TrainResult
 from dpsynth_core.errors import ConfigError
+from dpsynth_core.files import atomic_dir
 
 ADAPTER_DIRNAME = "adapter"
 MERGED_DIRNAME = "merged"
@@ -77,20 +76,6 @@ def run_steps(engine, plan: PrivacyPlan, state: TrainState, config: DpSgdConfig,
     return True
 
 
-def _atomic_dir(target: Path, write: Callable[[Path], None]) -> Path:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        write(staging)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    return target
-
-
 def finalize_run(
     *,
     config: DpSgdConfig,
@@ -135,13 +120,13 @@ def finalize_run(
         (d / SUMMARY_FILENAME).write_text(json.dumps(summary, indent=1), encoding="utf-8")
 
     output_dir = Path(output_dir)
-    adapter_dir = _atomic_dir(output_dir / ADAPTER_DIRNAME, write)
+    adapter_dir = atomic_dir(output_dir / ADAPTER_DIRNAME, write)
     history = state.history
     curve = save_training_curve(history, output_dir / CURVE_FILENAME, title=f"DP-SGD LoRA on {config.model} (eps={epsilon:.2f})")
     (output_dir / "history.json").write_text(json.dumps(history), encoding="utf-8")
     merged = None
     if config.merge_adapter:
-        merged = _atomic_dir(output_dir / MERGED_DIRNAME, lambda d: save_merged(config.model, adapter_dir, d))
+        merged = atomic_dir(output_dir / MERGED_DIRNAME, lambda d: save_merged(config.model, adapter_dir, d))
     shutil.rmtree(output_dir / CHECKPOINT_DIRNAME, ignore_errors=True)  # finished: nothing to resume
     return TrainResult(
         adapter_dir=adapter_dir,

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from dpsynth_core.errors import ConfigError
+from dpsynth_core.files import atomic_dir
 
 DEFAULT_CAUSAL_LM = "smollm2-135m-instruct"
 DEFAULT_EMBEDDER = "minilm"
@@ -171,15 +170,7 @@ def pull(name: str) -> Path:
     with FileLock(str(target) + ".lock"):
         if _is_complete(target):
             return target
-        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
-        try:
-            _EMBEDDED[name].build(staging)
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(staging, target)
-        finally:
-            if staging.exists():
-                shutil.rmtree(staging, ignore_errors=True)
+        atomic_dir(target, _EMBEDDED[name].build)
     return target
 
 

@@ -4,12 +4,11 @@ in the same folder, then rename. A checkpoint holds synthetic data and DP output
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dpsynth_core.errors import DataError
+from dpsynth_core.files import atomic_write_text
 from dpsynth_core.pe.population import Population
 
 
@@ -32,22 +31,6 @@ class RunState:
     def from_dict(cls, d: dict) -> RunState:
         return cls(d["method"], int(d["iteration"]), Population.from_dict(d["population"]),
                    list(d["plm_weights"]), list(d.get("history", [])))
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so readers see the old file or the whole new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def checkpoint_dir(run_dir: Path) -> Path:

@@ -19,7 +19,8 @@ import yaml
 from dpsynth_core.config import load_config
 from dpsynth_core.errors import ConfigError, DataError
 from dpsynth_core.pe.callbacks import Callback, CheckpointCallback, MetricsLogger
-from dpsynth_core.pe.checkpoint import RunState, VoteStore, atomic_write_text, load_latest_checkpoint
+from dpsynth_core.files import atomic_write_text
+from dpsynth_core.pe.checkpoint import RunState, VoteStore, load_latest_checkpoint
 from dpsynth_core.pe.config import PEConfig, PLMConfig
 from dpsynth_core.pe.embedding import Embedding, SentenceEmbedding
 from dpsynth_core.pe.evaluate import evaluate_synthetic
