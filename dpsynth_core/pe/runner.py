@@ -214,6 +214,11 @@ class PERunner:
 
     def _wasp_step(self, state: RunState, private: PrivateData, private_emb: np.ndarray, t: int) -> RunState:
         pop = state.population
+        fewest = min(pop.labels.count(c) for c in self.classes)
+        if fewest <= self.cfg.q:  # every voter then covers all candidates of its class: weak signal
+            log.warning("iteration %d: a class has only %d synthetic samples for Q = %d nearest / farthest votes; "
+                        "the nearest and farthest sets overlap and the votes barely separate samples or PLMs "
+                        "(use a smaller q or a larger num_synthetic)", t, fewest, self.cfg.q)
         t0 = time.perf_counter()
         votes = self._vote(private, private_emb, pop, t)
         vote_secs = time.perf_counter() - t0
