@@ -53,9 +53,7 @@ class NumberAutomaton:
 
     def __init__(self, col: ColumnSpec):
         self.p = col.decimals
-        scale = 10**self.p
-        self.lo = int(round(float(col.min) * scale))  # type: ignore[arg-type]
-        self.hi = int(round(float(col.max) * scale))  # type: ignore[arg-type]
+        self.lo, self.hi = col.grid_bounds()  # the canonical values inside [min, max]
         self.max_abs_int = max(abs(int(float(col.min))), abs(int(float(col.max))), 1)  # type: ignore[arg-type]
 
     def _abs_target(self, negative: bool) -> tuple[int, int] | None:

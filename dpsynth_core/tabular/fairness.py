@@ -91,8 +91,11 @@ class FairnessPenalty:
         self.label_first = torch.tensor(firsts)
         self.t = torch.tensor([targets.target_y[y] for y in self.labels], dtype=torch.float32)
         self.groups = list(schema.column(targets.sensitive).categories or [])
+        # The name tokens after the separator mark (" income", ":"), so a value whose last
+        # punctuation BPE merged with the mark (e.g. "),") does not hide the next column; and the
+        # first-position form ("income", ":").
         self._patterns = {
-            name: [constraint.forced(1, name), constraint.forced(0, name)]
+            name: [p for p in (constraint.forced(1, name)[1:], constraint.forced(0, name)) if p]
             for name in (schema.target, targets.sensitive)
         }
 
@@ -111,7 +114,9 @@ class FairnessPenalty:
         a_pos = self._value_start(ids, self.targets.sensitive)
         if y_pos is None or a_pos is None or y_pos >= len(ids):
             return None
-        group = next((a for a, seq in self.c.cat_ids[self.targets.sensitive].items() if ids[a_pos : a_pos + len(seq)] == seq), None)
+        # longest match: a category whose ids are a prefix of another's must not shadow it
+        matches = [(len(seq), a) for a, seq in self.c.cat_ids[self.targets.sensitive].items() if ids[a_pos : a_pos + len(seq)] == seq]
+        group = max(matches)[1] if matches else None
         label = next((y for y in self.labels if ids[y_pos] == self.c.cat_ids[self.schema.target][y][0]), None)
         if group is None or label is None:
             return None

@@ -24,6 +24,11 @@ from dpsynth_core.errors import ConfigError, DataError
 FORBIDDEN_IN_CATEGORY = (",", "\n", ":")
 
 
+def _grid(lo: float, hi: float, decimals: int) -> tuple[int, int]:
+    scale = 10**decimals
+    return math.ceil(round(lo * scale, 6)), math.floor(round(hi * scale, 6))
+
+
 class ColumnSpec(StrictConfig):
     """One column. ``categorical`` needs ``categories``; ``numeric``/``integer`` need ``min``/``max``
     unless ``domain: dp`` (then ``candidate_min``/``candidate_max`` bound the DP search)."""
@@ -69,6 +74,12 @@ class ColumnSpec(StrictConfig):
                 raise ValueError(f"{where}: {lo_key} > {hi_key} ({lo} > {hi})")
             if self.type == "integer" and self.precision != 0:
                 raise ValueError(f"{where}: integer column cannot have precision {self.precision}")
+            if self.domain == "public":
+                g_lo, g_hi = _grid(lo, hi, self.decimals)
+                if g_lo > g_hi:
+                    raise ValueError(
+                        f"{where}: no value with {self.decimals} decimals lies in [{lo}, {hi}] (widen the bounds or raise 'precision')"
+                    )
         return self
 
     @property
@@ -78,6 +89,20 @@ class ColumnSpec(StrictConfig):
     @property
     def decimals(self) -> int:
         return 0 if self.type == "integer" else self.precision
+
+    def grid_bounds(self) -> tuple[int, int]:
+        """[min, max] as integers in units of 10^-decimals, shrunk onto the fixed-precision grid.
+
+        Bounds with more decimals than the column keeps (or an integer column with fractional
+        bounds) would otherwise round a clipped value to just outside [min, max].
+        """
+        return _grid(float(self.min), float(self.max), self.decimals)  # type: ignore[arg-type]
+
+    def clip_round(self, x: float) -> float:
+        """``x`` rounded to the column's precision and clipped onto the grid inside [min, max]."""
+        lo, hi = self.grid_bounds()
+        scale = 10**self.decimals
+        return min(max(round(x, self.decimals), lo / scale), hi / scale)
 
     def resolved(self) -> bool:
         """True when bounds/categories are known (public, or already DP-estimated)."""
@@ -96,8 +121,8 @@ class ColumnSpec(StrictConfig):
             raise DataError(f"column '{self.name}': expected a number") from None
         if not math.isfinite(x):
             raise DataError(f"column '{self.name}': expected a finite number")
-        x = min(max(x, float(self.min)), float(self.max))  # type: ignore[arg-type]
-        text = f"{round(x, self.decimals):.{self.decimals}f}"
+        x = self.clip_round(x)
+        text = f"{x:.{self.decimals}f}"
         if text.startswith("-") and float(text) == 0.0:
             text = text[1:]  # no negative zero
         return text
@@ -224,7 +249,9 @@ class TableSchema(StrictConfig):
                 if bad.any():
                     row = int(bad.to_numpy().nonzero()[0][0])
                     raise DataError(f"{source}: column '{col.name}', row {row}: expected a number")
-                num = num.clip(col.min, col.max).round(col.decimals)
+                g_lo, g_hi = col.grid_bounds()
+                scale = 10**col.decimals
+                num = num.round(col.decimals).clip(g_lo / scale, g_hi / scale)
                 out[col.name] = num.astype(int) if col.type == "integer" else num
         return out.reset_index(drop=True)
 

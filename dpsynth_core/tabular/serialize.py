@@ -128,7 +128,10 @@ class RowSerializer:
                 raise RowParseError(f"field #{i}: unknown column")
             if name in row:
                 raise RowParseError(f"column '{name}' appears twice")
-            row[name] = self.schema.column(name).parse_value(value)
+            try:
+                row[name] = self.schema.column(name).parse_value(value)
+            except DataError as exc:
+                raise RowParseError(str(exc)) from None
             seen.append(name)
         missing = [n for n in self.names if n not in row]
         if missing:
