@@ -1,0 +1,109 @@
+"""Collect DPFairLLM run summaries into one comparison table (markdown) and a bar plot.
+
+    python benchmarks/dpfair_table.py runs/dpfair/dpfair_eps4 runs/dpfair/dpfair_eps4_nofair ... \
+        --out runs/dpfair/comparison
+
+Reads ``stages/evaluate.done`` (DPFairLLM), ``stages/baseline.done`` (AIM, same epsilon) and
+``stages/reference.done`` (classifiers trained on the real sample) of each run directory. The
+numbers are the owner-side evaluation of each run; nothing here touches the data again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+COLUMNS = [
+    ("acc_lr", "acc LR"), ("f1_lr", "F1 LR"), ("acc_gb", "acc GB"), ("f1_gb", "F1 GB"),
+    ("dp_diff_lr", "DP diff LR"), ("eo_diff_lr", "EO diff LR"), ("dp_diff_gb", "DP diff GB"), ("eo_diff_gb", "EO diff GB"),
+    ("tvd_1way", "TVD 1-way"), ("tvd_2way", "TVD 2-way"), ("valid_fraction", "% valid"),
+]
+
+
+def _load(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def collect(run_dirs: list[Path]) -> list[dict]:
+    rows, seen_ref = [], set()
+    for run in run_dirs:
+        cfg_text = (run / "config.yaml").read_text() if (run / "config.yaml").is_file() else ""
+        fair = "lambda_dp: 0.0" not in cfg_text
+        ev = _load(run / "stages" / "evaluate.done")
+        if ev:
+            eps_cfg = ev.get("epsilon")
+            rows.append({"method": f"DPFairLLM {'with' if fair else 'without'} fairness terms", "run": run.name, **ev, "epsilon": eps_cfg})
+        base = _load(run / "stages" / "baseline.done")
+        if base:
+            rows.append({"method": "AIM (smartnoise-synth)", "run": run.name, **base})
+        ref = _load(run / "stages" / "reference.done")
+        if ref:
+            key = json.dumps({k: ref.get(k) for k in ("acc_lr", "acc_gb")})
+            if key not in seen_ref:  # same real sample in every run: one reference row
+                seen_ref.add(key)
+                rows.append({"method": "real data (train on real sample)", "run": run.name, **ref})
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    head = "| method | ε (spent) | " + " | ".join(h for _, h in COLUMNS) + " |"
+    sep = "|" + "---|" * (len(COLUMNS) + 2)
+    lines = [head, sep]
+    for r in rows:
+        eps = r.get("epsilon")
+        cells = []
+        for k, _ in COLUMNS:
+            v = r.get(k)
+            if v is None:
+                cells.append("–")
+            elif k == "valid_fraction":
+                cells.append(f"{100 * v:.1f}")
+            else:
+                cells.append(f"{v:.3f}")
+        lines.append(f"| {r['method']} | {'–' if eps is None else f'{eps:.3f}'} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    metrics = [("acc_gb", "TSTR accuracy (GB)"), ("f1_gb", "TSTR F1 (GB)"), ("dp_diff_gb", "DP difference (GB)"),
+               ("eo_diff_gb", "EO difference (GB)"), ("tvd_2way", "2-way TVD")]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 4))
+    labels = [f"{r['method'].replace(' fairness terms', '')}\n{'' if r.get('epsilon') is None else 'ε=%.2f' % r['epsilon']}" for r in rows]
+    for ax, (k, title) in zip(axes, metrics):
+        vals = [r.get(k) if r.get(k) is not None else np.nan for r in rows]
+        ax.bar(np.arange(len(rows)), vals)
+        ax.set_xticks(np.arange(len(rows)), labels, rotation=75, fontsize=7)
+        ax.set_title(title)
+    fig.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "comparison.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", type=Path)
+    ap.add_argument("--out", type=Path, default=None, help="directory for comparison.md / comparison.png")
+    args = ap.parse_args()
+    rows = collect(args.runs)
+    if not rows:
+        raise SystemExit("no finished stages found in the given run directories")
+    table = markdown(rows)
+    print(table)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "comparison.md").write_text(table + "\n")
+        print(f"plot: {plot(rows, args.out)}")
+
+
+if __name__ == "__main__":
+    main()
