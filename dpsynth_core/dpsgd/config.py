@@ -49,7 +49,9 @@ class DpSgdConfig(StrictConfig):
     physical_batch_size: int = Field(8, ge=1)
     steps: int = Field(..., ge=1)
     learning_rate: float = Field(5e-4, gt=0)
-    clipping: Literal["ghost", "hooks"] = "ghost"
+    # hooks: one backward, per-sample LoRA gradients materialised (small with LoRA); ghost: two
+    # backward passes through the whole model. benchmarks/dpsgd_overhead.py: hooks is the faster.
+    clipping: Literal["ghost", "hooks"] = "hooks"
     accountant: Literal["pld", "rdp", "prv"] = "pld"
     max_seq_len: int = Field(256, ge=8)
     seed: int = 0

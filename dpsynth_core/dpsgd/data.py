@@ -81,13 +81,18 @@ def per_example_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
 
     Each row's loss depends on that row only, so per-sample clipping bounds its influence.
     """
-    shift_logits = logits[:, :-1, :].float()
-    shift_labels = labels[:, 1:]
+    # Shift the labels, not the logits: slicing logits[:, :-1] costs a copy of the [B, T, V]
+    # tensor (reshape of a non-contiguous slice) and, in backward, a zero-filled [B, T, V]
+    # gradient plus another copy. The last position predicts nothing (label IGNORE_INDEX).
+    if logits.dtype != torch.float32:
+        logits = logits.float()
+    next_labels = torch.full_like(labels, IGNORE_INDEX)
+    next_labels[:, :-1] = labels[:, 1:]
     token_loss = torch.nn.functional.cross_entropy(
-        shift_logits.reshape(-1, shift_logits.size(-1)),
-        shift_labels.reshape(-1),
+        logits.reshape(-1, logits.size(-1)),
+        next_labels.reshape(-1),
         ignore_index=IGNORE_INDEX,
         reduction="none",
-    ).view(shift_labels.shape)
-    valid = (shift_labels != IGNORE_INDEX).float()
+    ).view(next_labels.shape)
+    valid = (next_labels != IGNORE_INDEX).float()
     return (token_loss * valid).sum(dim=1) / valid.sum(dim=1).clamp(min=1.0)

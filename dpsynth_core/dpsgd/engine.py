@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpsynth_core.dpsgd.clipping import make_clipper
+from dpsynth_core.dpsgd.clipping import PerSampleClipper, make_clipper
 from dpsynth_core.dpsgd.config import DpSgdConfig, LoraSettings, TrainExample
 from dpsynth_core.dpsgd.data import collate, per_example_loss, tokenize_examples
 from dpsynth_core.dpsgd.sampling import PoissonSampler, PrivacyUnits, physical_chunks, select_examples
@@ -160,7 +160,10 @@ class DpSgdEngine:
         dist: DistContext = DistContext(),
         device: torch.device | None = None,
         per_example_penalty: PenaltyFn | None = None,
+        clipper_factory: Callable[[nn.Module, float], PerSampleClipper] | None = None,
     ):
+        """``clipper_factory(model, max_grad_norm)`` replaces the clipper that ``config.clipping``
+        names; only ``benchmarks/dpsgd_overhead.py`` uses it (for its non-private baseline)."""
         if config.gpu_strategy == "fsdp2":
             raise ConfigError("field 'gpu_strategy': 'fsdp2' (opacus ghost_fsdp) is not implemented yet; use 'ddp'")
         self.config = config
@@ -177,7 +180,8 @@ class DpSgdEngine:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.tokenized = tokenize_examples(examples, self.tokenizer, config.max_seq_len)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.clipper = make_clipper(config.clipping, self.model, config.max_grad_norm)
+        factory = clipper_factory or (lambda model, c: make_clipper(config.clipping, model, c))
+        self.clipper = factory(self.model, config.max_grad_norm)
         self.optimizer = torch.optim.AdamW(self.params, lr=config.learning_rate, weight_decay=config.weight_decay)
         self.step = 0  # logical steps completed
 
