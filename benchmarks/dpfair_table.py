@@ -32,17 +32,17 @@ def collect(run_dirs: list[Path]) -> list[dict]:
         fair = "lambda_dp: 0.0" not in cfg_text
         ev = _load(run / "stages" / "evaluate.done")
         if ev:
-            eps_cfg = ev.get("epsilon")
-            rows.append({"method": f"DPFairLLM {'with' if fair else 'without'} fairness terms", "run": run.name, **ev, "epsilon": eps_cfg})
+            eps_cfg = ev.get("epsilon")  # composed total of the run's ledger
+            rows.append({**ev, "method": f"DPFairLLM {'with' if fair else 'without'} fairness terms", "run": run.name, "epsilon": eps_cfg})
         base = _load(run / "stages" / "baseline.done")
         if base:
-            rows.append({"method": "AIM (smartnoise-synth)", "run": run.name, **base})
+            rows.append({**base, "method": "AIM (smartnoise-synth)", "run": run.name})
         ref = _load(run / "stages" / "reference.done")
         if ref:
             key = json.dumps({k: ref.get(k) for k in ("acc_lr", "acc_gb")})
             if key not in seen_ref:  # same real sample in every run: one reference row
                 seen_ref.add(key)
-                rows.append({"method": "real data (train on real sample)", "run": run.name, **ref})
+                rows.append({**ref, "method": "real data (train on real sample)", "run": run.name})
     return rows
 
 
