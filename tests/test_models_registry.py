@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,13 +42,20 @@ def test_smollm2_generates_a_continuation():
 def test_smollm2_cached_load_is_plain_safetensors():
     path = resolve_model_dir("smollm2-135m-instruct")
     assert list(path.glob("*.safetensors")), "dequantized weights should be cached as safetensors"
-    # a second process loads from the cache without touching the GGUF
+    # a second process loads from the cache without opening the GGUF (no timing assertion here:
+    # load times live in the closing notes and benchmarks, not in tests on a shared machine)
     code = (
-        "import time; t=time.time(); from dpsynth_core.models import load_causal_lm; "
-        "load_causal_lm('smollm2-135m-instruct'); print(time.time()-t)"
+        "import sys; opened = []\n"
+        "sys.addaudithook(lambda e, a: opened.append(str(a[0])) if e == 'open' and a and isinstance(a[0], str) else None)\n"
+        "from dpsynth_core.models import load_causal_lm\n"
+        "model, tok = load_causal_lm('smollm2-135m-instruct')\n"
+        "print(sum(p.numel() for p in model.parameters()), sum(o.endswith('.gguf') for o in opened),"
+        " model.name_or_path)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert float(out.stdout.strip().splitlines()[-1]) < 15.0
+    n_params, gguf_opened, loaded_from = out.stdout.strip().splitlines()[-1].split(maxsplit=2)
+    assert int(n_params) > 100_000_000 and int(gguf_opened) == 0
+    assert Path(loaded_from).resolve() == path.resolve()  # the cached safetensors directory
 
 
 def test_minilm_embeddings_are_normalised_and_semantic():
