@@ -27,6 +27,9 @@ def ray_runner(fn, cfg: ActgConfig, root: str, *, isolated: bool = False) -> dic
     import ray
 
     cpus = max(1, min(2, int(ray.cluster_resources().get("CPU", 1))))
+    pg = ray.util.get_current_placement_group()
+    if pg is not None:  # inside a Tune trial: the stage must fit the trial's stage bundle
+        cpus = max(1, min(cpus, int(max(b.get("CPU", 0) for b in pg.bundle_specs[-1:]))))
     env = dict(_ENV)
     if isolated:  # the RL stage: no private data directory reachable from its worker
         empty = Path(root) / "rl" / "no_private_data"

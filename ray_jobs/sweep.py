@@ -149,7 +149,8 @@ def run(config: SweepConfig) -> dict:
     if not ray.is_initialized():
         ray.init(include_dashboard=False)
     cpus = ray.cluster_resources().get("CPU", 1.0)
-    concurrency = config.max_concurrent_trials or max(1, int(cpus // config.cpus_per_trial))
+    # a trial = a driver (1 CPU bundle) + its pipeline's stage tasks (a cpus_per_trial bundle)
+    concurrency = config.max_concurrent_trials or max(1, int(cpus // (1 + config.cpus_per_trial)))
     search_alg = None
     if config.search == "optuna":
         from ray.tune.search.optuna import OptunaSearch
@@ -166,7 +167,7 @@ def run(config: SweepConfig) -> dict:
         tune.with_parameters(
             run_trial, pipeline=config.pipeline, base=base, overrides=config.overrides, trials_dir=str(trials_dir)
         ),
-        {"cpu": config.cpus_per_trial},
+        tune.PlacementGroupFactory([{"CPU": 1}, {"CPU": config.cpus_per_trial}]),
     )
     start = time.perf_counter()
     tuner = tune.Tuner(

@@ -165,3 +165,22 @@ def test_bad_configs_fail_before_training(tmp_path):
     with pytest.raises(BudgetExceededError):
         train_dp_lora(EXAMPLES, _cfg(epsilon=2.0), output_dir=tmp_path / "d", ledger=ledger, progress=False)
     assert not (tmp_path / "d").exists()
+
+
+def test_noise_is_raised_when_composition_with_the_ledger_would_exceed_the_budget(tmp_path):
+    """eps1 (AIM, zCDP) + eps2 (DP-SGD) can compose to more than eps1 + eps2 at one delta: the
+    plan raises sigma until the ledger's composed total fits, and never lowers it."""
+    from dpsynth_core.dpsgd.budget import plan_privacy
+    from dpsynth_core.privacy import PrivacyLedger, ZCdpEvent, epsilon_to_zcdp
+
+    examples = [TrainExample(prompt=f"p{i}", target=f" t{i}") for i in range(32)]
+    ledger = PrivacyLedger.create(tmp_path, dataset="toy", epsilon_budget=4.0, delta=9e-3)
+    ledger.record("aim", ZCdpEvent(rho=epsilon_to_zcdp(1.3, 9e-3)))
+    cfg = DpSgdConfig(model="tiny-llama", epsilon=2.7, steps=3, expected_batch_size=8, device="cpu", delta=9e-3)
+    alone = plan_privacy(cfg, examples)
+    fitted = plan_privacy(cfg, examples, ledger=ledger)
+    assert ledger.projected_epsilon(alone.event()) > 4.0  # the naive split overshoots
+    assert fitted.noise_multiplier > alone.noise_multiplier
+    assert 4.0 * 0.99 < ledger.projected_epsilon(fitted.event()) <= 4.0
+    roomy = PrivacyLedger.create(tmp_path / "roomy", dataset="toy", epsilon_budget=8.0, delta=9e-3)
+    assert plan_privacy(cfg, examples, ledger=roomy).noise_multiplier == alone.noise_multiplier

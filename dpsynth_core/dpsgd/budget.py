@@ -110,5 +110,32 @@ def plan_privacy(
         accountant=config.accountant,
     )
     if ledger is not None:
+        plan = fit_to_ledger(plan, ledger)
         ledger.check(stage, plan.event())  # raises BudgetExceededError before any data is read
     return plan
+
+
+def fit_to_ledger(plan: PrivacyPlan, ledger, rel_tol: float = 1e-3) -> PrivacyPlan:
+    """More noise when the stage's own epsilon target, composed with what the ledger already
+    holds, would exceed the ledger's budget.
+
+    Composition at one delta is not additive: AIM's zCDP at eps1 plus DP-SGD at eps2 can compose to
+    more than eps1 + eps2 at the same delta. Rather than refuse a split such as 1.3 / 2.7 of 4, the
+    noise multiplier is raised (bisection on the ledger's own composition) until the projected total
+    fits the budget. It never lowers the noise below the stage's own calibration.
+    """
+    import dataclasses
+
+    budget = ledger.epsilon_budget * (1.0 - rel_tol)
+    if ledger.projected_epsilon(plan.event()) <= ledger.epsilon_budget:
+        return plan
+    at = lambda sigma: dataclasses.replace(plan, noise_multiplier=sigma)  # noqa: E731
+    lo, hi = plan.noise_multiplier, plan.noise_multiplier * 2.0
+    while ledger.projected_epsilon(at(hi).event()) > budget:
+        lo, hi = hi, hi * 2.0
+        if hi > 1e4:  # the other stages already use up the budget: let ledger.check refuse
+            return plan
+    while hi - lo > rel_tol * hi:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if ledger.projected_epsilon(at(mid).event()) > budget else (lo, mid)
+    return at(hi)

@@ -229,6 +229,10 @@ class PrivacyLedger:
             )
         return projected
 
+    def projected_epsilon(self, event) -> float:
+        """Composed epsilon of the recorded events plus ``event`` (no budget check, writes nothing)."""
+        return self._compose([*self.events(), event])[0]
+
     def check(self, stage: str, event) -> float:
         """Projected total epsilon if ``event`` were recorded; BudgetExceededError if over budget.
         Writes nothing."""
