@@ -23,17 +23,44 @@ def local_head(tmp_path_factory):
     gcs, dash = _free_port(), _free_port()
     env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
+    env["RAY_AUTH_MODE"] = "disabled"  # a loopback-only test head; real clusters pass RAY_AUTH_TOKEN
     temp_dir = tmp_path_factory.mktemp("rayhead")
     start = [
         str(BIN / "ray"), "start", "--head", f"--port={gcs}", "--node-ip-address=127.0.0.1",
         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=1",
         "--include-dashboard=true", f"--temp-dir={temp_dir}", "--disable-usage-stats",
     ]
-    subprocess.run(start, check=True, env=env, capture_output=True, timeout=180)
+    # --block keeps `ray start` in the foreground; terminating it stops THIS head only. (`ray stop`
+    # would kill every Ray process on the machine, the test session's own Ray included.)
+    head = subprocess.Popen([*start, "--block"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
+        _wait_for_dashboard(dash, head)
         yield f"http://127.0.0.1:{dash}", env
     finally:
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        head.terminate()
+        try:
+            head.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            head.kill()
+
+
+def _wait_for_dashboard(port: int, head: subprocess.Popen, timeout: float = 180.0) -> None:
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if head.poll() is not None:
+            raise RuntimeError(f"`ray start --head` exited with code {head.returncode}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/version", timeout=5)
+            return
+        except urllib.error.HTTPError:  # it answers (e.g. 401 under token auth): it is up
+            return
+        except OSError:
+            time.sleep(1.0)
+    raise TimeoutError(f"the local head's dashboard did not come up on port {port}")
 
 
 def test_submit_runs_a_job_and_fetches_its_logs(local_head):

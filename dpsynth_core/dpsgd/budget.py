@@ -122,13 +122,16 @@ def fit_to_ledger(plan: PrivacyPlan, ledger, rel_tol: float = 1e-3) -> PrivacyPl
     Composition at one delta is not additive: AIM's zCDP at eps1 plus DP-SGD at eps2 can compose to
     more than eps1 + eps2 at the same delta. Rather than refuse a split such as 1.3 / 2.7 of 4, the
     noise multiplier is raised (bisection on the ledger's own composition) until the projected total
-    fits the budget. It never lowers the noise below the stage's own calibration.
+    fits the budget. It never lowers the noise below the stage's own calibration, and a stage whose
+    own target does not fit what is left even by plain addition is left to ``ledger.check`` to refuse.
     """
     import dataclasses
 
     budget = ledger.epsilon_budget * (1.0 - rel_tol)
     if ledger.projected_epsilon(plan.event()) <= ledger.epsilon_budget:
         return plan
+    if ledger.total_epsilon() + plan.target_epsilon > ledger.epsilon_budget * (1.0 + 1e-9):
+        return plan  # asks for more than is left: a config error, refused, not silently noisier
     at = lambda sigma: dataclasses.replace(plan, noise_multiplier=sigma)  # noqa: E731
     lo, hi = plan.noise_multiplier, plan.noise_multiplier * 2.0
     while ledger.projected_epsilon(at(hi).event()) > budget:
