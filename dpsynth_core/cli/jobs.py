@@ -68,7 +68,8 @@ def submit(
         env_vars[key] = value
     client = _client(address)
     entrypoint = "python -m dpsynth_core " + " ".join(shlex.quote(a) for a in args)
-    job_id = client.submit_job(
+    job_id = _submit_with_retry(
+        client,
         entrypoint=entrypoint,
         runtime_env=build_runtime_env(working_dir.resolve(), env_vars),
         entrypoint_num_gpus=num_gpus or None,
@@ -80,6 +81,20 @@ def submit(
         typer.echo(f"{job_id}: {status}")
         if status != "SUCCEEDED":
             raise typer.Exit(1)
+
+
+def _submit_with_retry(client, attempts: int = 30, wait_s: float = 2.0, **job) -> str:
+    """A head that has just started answers 500 "No available agent" until its job agent is up:
+    retry that answer for about a minute; any other error is raised at once."""
+    for attempt in range(attempts):
+        try:
+            return client.submit_job(**job)
+        except RuntimeError as err:
+            if "No available agent" not in str(err) or attempt == attempts - 1:
+                raise
+            typer.echo(f"the cluster's job agent is not up yet; retrying in {wait_s:.0f}s", err=True)
+            time.sleep(wait_s)
+    raise AssertionError("unreachable")
 
 
 def _follow(client, job_id: str, poll_s: float = 1.0) -> str:
