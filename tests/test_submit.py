@@ -21,6 +21,14 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def local_head(tmp_path_factory):
     gcs, dash = _free_port(), _free_port()
+    # Every port this head opens is a free one: with the defaults its dashboard agent collides with
+    # the test session's own Ray (already up when this runs after other tests) and jobs never start.
+    agent_ports = [
+        f"--{name}={_free_port()}"
+        for name in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",
+                     "runtime-env-agent-port", "node-manager-port", "object-manager-port",
+                     "ray-client-server-port")
+    ]
     env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
     env["RAY_AUTH_MODE"] = "disabled"  # a loopback-only test head; real clusters pass RAY_AUTH_TOKEN
@@ -28,7 +36,7 @@ def local_head(tmp_path_factory):
     start = [
         str(BIN / "ray"), "start", "--head", f"--port={gcs}", "--node-ip-address=127.0.0.1",
         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=1",
-        "--include-dashboard=true", f"--temp-dir={temp_dir}", "--disable-usage-stats",
+        "--include-dashboard=true", f"--temp-dir={temp_dir}", "--disable-usage-stats", *agent_ports,
     ]
     # --block keeps `ray start` in the foreground; terminating it stops THIS head only. (`ray stop`
     # would kill every Ray process on the machine, the test session's own Ray included.)

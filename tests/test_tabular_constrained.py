@@ -131,6 +131,14 @@ def test_number_automaton_accepts_exactly_the_canonical_numbers(data):
         assert not auto.complete(junk)
 
 
+@pytest.mark.parametrize("lo, hi", [(-1, -1), (-9, -2), (-120, -15)])
+def test_unsigned_digits_are_not_feasible_for_a_negative_only_column(lo, hi):
+    """Found by hypothesis: ' 1' was taken as a prefix of -1 and decoding then had no way to go on."""
+    auto = NumberAutomaton(ColumnSpec(name="x", type="integer", min=lo, max=hi, precision=0))
+    assert auto.feasible(" ") and auto.feasible(" -") and auto.feasible(f" {lo}")
+    assert not any(auto.feasible(f" {d}") for d in range(10))
+
+
 def test_real_generate_on_tiny_model_gives_100_percent_valid_rows(tokenizer):
     """A random-weight model (pure noise) through HF generate + the processor: every row parses."""
     from dpsynth_core.dpsgd import load_generator

@@ -75,7 +75,13 @@ class NumberAutomaton:
         sign, ipart, dot, frac = m.group(1), m.group(2), m.group(3), m.group(4) or ""
         if dot is not None and (self.p == 0 or ipart is None or len(frac) > self.p):
             return False
-        targets = [t for t in ([self._abs_target(True)] if sign else [self._abs_target(False), self._abs_target(True)]) if t]
+        if sign:
+            candidates = [self._abs_target(True)]
+        elif ipart is None:  # nothing but the space yet: a '-' may still come
+            candidates = [self._abs_target(False), self._abs_target(True)]
+        else:  # digits without a sign: the value is >= 0
+            candidates = [self._abs_target(False)]
+        targets = [t for t in candidates if t]
         if not targets:
             return False
         if ipart is None:
