@@ -1,9 +1,13 @@
 """Agreement of attribute extractors with the oracle labels of ../shared/data/biorxiv.
 
     .venv/bin/python benchmarks/extractor_agreement.py --n-embedding 200 --n-lm 60 --out benchmarks/results
+    # plus the OpenAI-compatible client against a served model (here SmolLM2 on Ray Serve):
+    dpsynth serve start --config configs/serve_smollm2.yaml
+    .venv/bin/python benchmarks/extractor_agreement.py --n-openai 30 --openai-base-url http://127.0.0.1:8000/v1
 
 Per field and mean agreement for the embedding zero-shot extractor (MiniLM) and the LM-choice
-extractor (SmolLM2-135M-Instruct) on a fixed random subsample; writes
+extractor (SmolLM2-135M-Instruct) on a fixed random subsample, and optionally the OpenAI-compatible
+client against any served model; writes
 extractor_agreement.json and extractor_agreement.png (bars per field). Only aggregate numbers
 are written; no abstract is printed. Sizes are chosen to finish in ~10 min on 2 shared cores.
 """
@@ -83,6 +87,12 @@ def main() -> None:
     ap.add_argument("--n-lm", type=int, default=60)
     ap.add_argument("--lm-model", default="smollm2-135m-instruct")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a busy box)")
+    ap.add_argument("--n-openai", type=int, default=0,
+                    help="records for the OpenAI-compatible extractor (needs --openai-base-url)")
+    ap.add_argument("--openai-base-url", default=None,
+                    help="e.g. http://127.0.0.1:8000/v1 (dpsynth serve start) or a vLLM server; key from OPENAI_API_KEY")
+    ap.add_argument("--openai-model", default="smollm2")
+    ap.add_argument("--openai-max-tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = ap.parse_args()
@@ -95,7 +105,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     schema = builtin_schema("biorxiv")
     fields = schema.field_names
-    texts, gold = _oracle(max(args.n_embedding, args.n_lm), args.seed)
+    if args.n_openai > 0 and not args.openai_base_url:
+        ap.error("--n-openai needs --openai-base-url")
+    texts, gold = _oracle(max(args.n_embedding, args.n_lm, args.n_openai), args.seed)
     results = {}
     if args.n_embedding > 0:
         results["embedding (MiniLM)"] = _agreement(EmbeddingExtractor(schema), texts[: args.n_embedding],
@@ -104,6 +116,15 @@ def main() -> None:
     if args.n_lm > 0:
         lm = LMChoiceExtractor(schema, model=args.lm_model, progress=True)
         results[f"LM choice ({args.lm_model})"] = _agreement(lm, texts[: args.n_lm], gold[: args.n_lm], fields)
+    if args.n_openai > 0:
+        from dpsynth_core.actg.extractors import OpenAIExtractor
+
+        client = OpenAIExtractor(schema, model=args.openai_model, base_url=args.openai_base_url,
+                                 max_tokens=args.openai_max_tokens)
+        name = f"OpenAI-compatible ({args.openai_model})"
+        results[name] = _agreement(client, texts[: args.n_openai], gold[: args.n_openai], fields)
+        results[name]["answers"] = dict(client.stats)  # requests, unparsed JSON, missing fields
+        print(f"openai: mean {results[name]['mean']:.3f} {client.stats}", flush=True)
     results["majority label (reference)"] = _majority(gold[: args.n_embedding or args.n_lm], fields)
 
     args.out.mkdir(parents=True, exist_ok=True)
