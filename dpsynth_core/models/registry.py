@@ -9,10 +9,10 @@ Every later load (any process, any Ray worker, vLLM) is a plain ``from_pretraine
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 from collections.abc import Callable
-import copy
 from dataclasses import dataclass
 from pathlib import Path
 
