@@ -127,18 +127,23 @@ def fit_to_ledger(plan: PrivacyPlan, ledger, rel_tol: float = 1e-3) -> PrivacyPl
     """
     import dataclasses
 
+    from dpsynth_core.privacy.accountants import bisect_noise_multiplier
+
     budget = ledger.epsilon_budget * (1.0 - rel_tol)
     if ledger.projected_epsilon(plan.event()) <= ledger.epsilon_budget:
         return plan
     if ledger.total_epsilon() + plan.target_epsilon > ledger.epsilon_budget * (1.0 + 1e-9):
         return plan  # asks for more than is left: a config error, refused, not silently noisier
-    at = lambda sigma: dataclasses.replace(plan, noise_multiplier=sigma)  # noqa: E731
+
+    def at(sigma: float) -> PrivacyPlan:
+        return dataclasses.replace(plan, noise_multiplier=sigma)
+
+    def projected(sigma: float) -> float:
+        return ledger.projected_epsilon(at(sigma).event())
+
     lo, hi = plan.noise_multiplier, plan.noise_multiplier * 2.0
-    while ledger.projected_epsilon(at(hi).event()) > budget:
+    while projected(hi) > budget:
         lo, hi = hi, hi * 2.0
         if hi > 1e4:  # the other stages already use up the budget: let ledger.check refuse
             return plan
-    while hi - lo > rel_tol * hi:
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if ledger.projected_epsilon(at(mid).event()) > budget else (lo, mid)
-    return at(hi)
+    return at(bisect_noise_multiplier(projected, lo, hi, budget))

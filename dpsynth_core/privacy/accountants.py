@@ -114,8 +114,9 @@ _SIGMA_MIN, _SIGMA_MAX = 1e-2, 1e4
 _SIGMA_RTOL = 5e-4
 
 
-def _bisect(eps_of, lo: float, hi: float, target: float) -> float:
-    """Geometric bisection on [lo, hi] with eps_of(lo) > target >= eps_of(hi); returns the upper end."""
+def bisect_noise_multiplier(eps_of, lo: float, hi: float, target: float) -> float:
+    """Geometric bisection on [lo, hi] with eps_of(lo) > target >= eps_of(hi); returns the upper end
+    (the noisier side, so the guarantee holds), to ~0.05 %."""
     while hi / lo > 1.0 + _SIGMA_RTOL:
         mid = math.sqrt(lo * hi)
         if eps_of(mid) <= target:
@@ -163,7 +164,7 @@ def calibrate_noise_multiplier(
         hi, lo = lo, lo / 2.0
     if lo <= _SIGMA_MIN:
         return hi  # even tiny noise meets the target: report the smallest sigma we checked
-    hi = _bisect(search_eps, lo, hi, target)
+    hi = bisect_noise_multiplier(search_eps, lo, hi, target)
     # The coarse grid is pessimistic, so hi meets the target at full precision too, except for
     # rare rounding; over many steps it can be several % conservative: then refine at full precision.
     eps_hi = final_eps(hi)
@@ -173,7 +174,7 @@ def calibrate_noise_multiplier(
         lo = hi
         while lo > _SIGMA_MIN and final_eps(lo) <= target:
             hi, lo = lo, lo / 1.02
-        hi = _bisect(final_eps, lo, hi, target)
+        hi = bisect_noise_multiplier(final_eps, lo, hi, target)
     sigma = hi
     for _ in range(200):  # guarantee at full precision
         if final_eps(sigma) <= target:
