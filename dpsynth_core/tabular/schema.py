@@ -138,7 +138,10 @@ class ColumnSpec(StrictConfig):
             x = float(text)
         except ValueError:
             raise DataError(f"column '{self.name}': not a number") from None
-        if not (float(self.min) <= x <= float(self.max)):  # type: ignore[arg-type]
+        # Accept what format_value writes: the grid inside [min, max], with the grid's own rounding
+        # tolerance (bounds such as -2.7600000000000002 still admit "-2.76").
+        g_lo, g_hi = self.grid_bounds()
+        if not (math.isfinite(x) and g_lo <= round(x * 10**self.decimals, 6) <= g_hi):
             raise DataError(f"column '{self.name}': number outside [{self.min}, {self.max}]")
         return int(round(x)) if self.type == "integer" else round(x, self.decimals)
 
