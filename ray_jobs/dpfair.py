@@ -149,8 +149,11 @@ def _ledger(run_dir: Path, cfg: DpFairConfig, n: int):
     return PrivacyLedger.create(run_dir, cfg.name, cfg.epsilon, cfg.delta or default_delta(n))
 
 
-def _train_and_generate(cfg_dict: dict, run_dir: str, schema_dict: dict, targets: dict | None, private_csv: str) -> dict:
-    """Stages 3-4 (one process, so the model is loaded once); runs as a Ray task when use_ray."""
+def _train_and_generate(cfg_dict: dict, run_dir: str, schema_dict: dict, targets: dict | None, private: pd.DataFrame) -> dict:
+    """Stages 3-4 (one process, so the model is loaded once); runs as a Ray task when use_ray.
+
+    ``private`` travels in memory (Ray's object store), never as a file in the run directory.
+    """
     import torch
 
     from dpsynth_core.dpsgd import DpSgdConfig, TrainExample, load_generator, train_dp_lora
@@ -171,7 +174,6 @@ def _train_and_generate(cfg_dict: dict, run_dir: str, schema_dict: dict, targets
         torch.set_num_threads(t.torch_threads)
     info: dict = {}
     if not _done(run, "train"):
-        private = schema.validate_frame(pd.read_csv(private_csv, keep_default_na=False), "private train table")
         examples = [TrainExample(prompt=p, target=x) for p, x in ser.examples(private)]
         penalty = None
         if targets is not None:
@@ -179,11 +181,14 @@ def _train_and_generate(cfg_dict: dict, run_dir: str, schema_dict: dict, targets
 
             ft = FairnessTargets(**targets)
             penalty = FairnessPenalty(RowConstraint(ser, load_tokenizer(t.model)), schema, ft, cfg.fairness.lambda_dp, cfg.fairness.lambda_eo)
-        eps_train = ledger.remaining_epsilon() * 0.995  # composition is at most additive; keep a margin
+        # DP-SGD is the last DP stage: start from what is left by plain subtraction, then fill_budget
+        # lowers the noise until the ledger's (sub-additive) composed total reaches the budget.
+        eps_train = ledger.remaining_epsilon() * 0.995
         dcfg = DpSgdConfig(
             model=t.model, lora=t.lora, epsilon=eps_train, steps=t.steps, expected_batch_size=t.expected_batch_size,
             physical_batch_size=t.physical_batch_size, learning_rate=t.learning_rate, max_grad_norm=t.max_grad_norm,
             clipping=t.clipping, max_seq_len=t.max_seq_len, seed=t.seed, torch_threads=t.torch_threads,  # type: ignore[arg-type]
+            fill_budget=True,
         )
         res = train_dp_lora(examples, dcfg, output_dir=run / "train", ledger=ledger, stage="dpsgd", per_example_penalty=penalty)
         info["train"] = {"epsilon": res.epsilon, "noise_multiplier": res.noise_multiplier, "steps": res.steps, "adapter_dir": str(res.adapter_dir)}
@@ -214,7 +219,8 @@ def main(config_path: Path, resume: bool = True) -> Path:
     if sensitive is not None:
         schema.column(sensitive)
     run = _run_dir(cfg, config_path, resume)
-    private_csv = run / "private" / "train.csv"  # private: stays in the run dir, never logged
+    # The private table is re-read from its source on every (re)run and kept in memory: the run
+    # directory holds only public or DP outputs (and owner-side evaluation reports), never a copy.
     train, test = _load_tables(cfg)
     ledger = _ledger(run, cfg, len(train))
 
@@ -223,13 +229,13 @@ def main(config_path: Path, resume: bool = True) -> Path:
         from dpsynth_core.tabular.dp_domain import estimate_domain
 
         resolved = estimate_domain(schema, train, epsilon=cfg.epsilon * cfg.budget.domain, ledger=ledger, seed=cfg.data.seed)
-        valid = resolved.validate_frame(train, f"{cfg.data.source} (train)")
-        _write_csv(valid, private_csv)
+        resolved.validate_frame(train, f"{cfg.data.source} (train)")  # fail early, before any DP stage
         tmp = run / "schema_resolved.json.tmp"
         tmp.write_text(resolved.model_dump_json(indent=2))
         tmp.replace(run / "schema_resolved.json")
-        _mark(run, "prepare", {"rows": len(valid)})
+        _mark(run, "prepare", {"rows": len(train)})
     schema = TableSchema.model_validate_json((run / "schema_resolved.json").read_text())
+    private = schema.validate_frame(train, f"{cfg.data.source} (train)")
 
     # 2. fairness targets from a DP (A, Y) table
     targets = None
@@ -238,7 +244,7 @@ def main(config_path: Path, resume: bool = True) -> Path:
             from dpsynth_core.tabular.dp_domain import dp_group_label_table
             from dpsynth_core.tabular.fairness import FairnessTargets
 
-            counts = dp_group_label_table(pd.read_csv(private_csv, keep_default_na=False), schema, sensitive,  # type: ignore[arg-type]
+            counts = dp_group_label_table(private, schema, sensitive,  # type: ignore[arg-type]
                                           epsilon=cfg.epsilon * cfg.budget.fair_stats, ledger=ledger, seed=cfg.data.seed)
             ft = FairnessTargets.from_counts(counts, sensitive, target_y=cfg.fairness.target_y)  # type: ignore[arg-type]
             tmp = run / "fair_targets.json.tmp"
@@ -249,7 +255,7 @@ def main(config_path: Path, resume: bool = True) -> Path:
 
     # 3-4. train + generate (a Ray task, so the heavy work runs on a worker)
     if not (_done(run, "train") and _done(run, "generate")):
-        args = (cfg.model_dump(), str(run), schema.model_dump(), targets, str(private_csv))
+        args = (cfg.model_dump(), str(run), schema.model_dump(), targets, private)
         if cfg.use_ray:
             import ray
 
@@ -267,7 +273,6 @@ def main(config_path: Path, resume: bool = True) -> Path:
             _train_and_generate(*args)
 
     # 5. evaluate (owner-side report on real data; not a DP release)
-    private = pd.read_csv(private_csv, keep_default_na=False)
     if not _done(run, "evaluate"):
         from dpsynth_core.tabular.evaluate import evaluate_table, summary_row
 

@@ -184,3 +184,23 @@ def test_noise_is_raised_when_composition_with_the_ledger_would_exceed_the_budge
     assert 4.0 * 0.99 < ledger.projected_epsilon(fitted.event()) <= 4.0
     roomy = PrivacyLedger.create(tmp_path / "roomy", dataset="toy", epsilon_budget=8.0, delta=9e-3)
     assert plan_privacy(cfg, examples, ledger=roomy).noise_multiplier == alone.noise_multiplier
+
+
+def test_fill_budget_lowers_noise_until_the_composed_total_reaches_the_budget(tmp_path):
+    """Two Gaussian stages then DP-SGD at "what is left": PLD composition is sub-additive, so the
+    plain plan leaves budget unspent; fill_budget lowers sigma until the total reaches it, never above."""
+    from dpsynth_core.dpsgd.budget import plan_privacy
+    from dpsynth_core.privacy import GaussianEvent, PrivacyLedger
+
+    examples = [TrainExample(prompt=f"p{i}", target=f" t{i}") for i in range(64)]
+    ledger = PrivacyLedger.create(tmp_path, dataset="toy", epsilon_budget=3.0, delta=1e-4)
+    ledger.record("domain", GaussianEvent(noise_multiplier=20.0))
+    ledger.record("fair_stats", GaussianEvent(noise_multiplier=20.0))
+    left = ledger.remaining_epsilon() * 0.995
+    plain = plan_privacy(DpSgdConfig(model="tiny-llama", epsilon=left, steps=4, expected_batch_size=8, device="cpu"), examples, ledger=ledger)
+    filled = plan_privacy(DpSgdConfig(model="tiny-llama", epsilon=left, steps=4, expected_batch_size=8, device="cpu", fill_budget=True),
+                          examples, ledger=ledger)
+    assert ledger.projected_epsilon(plain.event()) < 3.0 * 0.98  # what plain subtraction leaves unspent
+    assert filled.noise_multiplier < plain.noise_multiplier
+    assert 3.0 * 0.995 <= ledger.projected_epsilon(filled.event()) <= 3.0
+    assert filled.target_epsilon == pytest.approx(filled.epsilon_after(4))  # the stage's own figure, reported as is

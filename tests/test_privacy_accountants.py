@@ -233,3 +233,20 @@ def test_default_delta():
     assert default_delta(1500) < 1 / 1500
     with pytest.raises(ConfigError):
         default_delta(1)
+
+
+@pytest.mark.parametrize("shape", ["power", "exponential"])
+@pytest.mark.parametrize("k", [1.0, 3.0, 8.0])
+def test_interpolated_noise_lands_in_the_window_on_the_safe_side(shape, k):
+    """A decreasing eps(sigma): the returned sigma has floor <= eps <= target, in few calls."""
+    from dpsynth_core.privacy.accountants import interpolate_noise_multiplier
+
+    calls = []
+
+    def eps_of(sigma):
+        calls.append(sigma)
+        return sigma**-k if shape == "power" else 10.0 * math.exp(-k * sigma)
+
+    sigma = interpolate_noise_multiplier(eps_of, 0.25, 4.0, target=1.0, floor=0.998)
+    assert 0.998 <= eps_of(sigma) <= 1.0
+    assert len(calls) <= 16

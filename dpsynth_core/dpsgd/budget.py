@@ -110,36 +110,51 @@ def plan_privacy(
         accountant=config.accountant,
     )
     if ledger is not None:
-        plan = fit_to_ledger(plan, ledger)
+        plan = fit_to_ledger(plan, ledger, fill=config.fill_budget)
         ledger.check(stage, plan.event())  # raises BudgetExceededError before any data is read
     return plan
 
 
-def fit_to_ledger(plan: PrivacyPlan, ledger, rel_tol: float = 1e-3) -> PrivacyPlan:
-    """More noise when the stage's own epsilon target, composed with what the ledger already
-    holds, would exceed the ledger's budget.
+def fit_to_ledger(plan: PrivacyPlan, ledger, rel_tol: float = 1e-3, fill: bool = False) -> PrivacyPlan:
+    """Adjust the noise so that the stage, composed with what the ledger already holds, fits the budget.
 
     Composition at one delta is not additive: AIM's zCDP at eps1 plus DP-SGD at eps2 can compose to
     more than eps1 + eps2 at the same delta. Rather than refuse a split such as 1.3 / 2.7 of 4, the
     noise multiplier is raised (bisection on the ledger's own composition) until the projected total
-    fits the budget. It never lowers the noise below the stage's own calibration, and a stage whose
-    own target does not fit what is left even by plain addition is left to ``ledger.check`` to refuse.
+    fits the budget. A stage whose own target does not fit what is left even by plain addition is
+    left to ``ledger.check`` to refuse.
+
+    Composition is also often *sub*-additive (PLD of several Gaussians), so a last stage calibrated
+    to "what is left" leaves budget unspent. With ``fill`` the noise is lowered until the projected
+    total reaches the budget (within ``rel_tol``, never above it). Without it the noise never goes
+    below the stage's own calibration.
     """
     import dataclasses
+    import functools
 
-    from dpsynth_core.privacy.accountants import bisect_noise_multiplier
+    from dpsynth_core.privacy.accountants import bisect_noise_multiplier, interpolate_noise_multiplier
 
     budget = ledger.epsilon_budget * (1.0 - rel_tol)
-    if ledger.projected_epsilon(plan.event()) <= ledger.epsilon_budget:
-        return plan
-    if ledger.total_epsilon() + plan.target_epsilon > ledger.epsilon_budget * (1.0 + 1e-9):
-        return plan  # asks for more than is left: a config error, refused, not silently noisier
 
     def at(sigma: float) -> PrivacyPlan:
         return dataclasses.replace(plan, noise_multiplier=sigma)
 
+    @functools.lru_cache(maxsize=None)  # each call composes the whole ledger (PLD: ~1 s)
     def projected(sigma: float) -> float:
         return ledger.projected_epsilon(at(sigma).event())
+
+    if projected(plan.noise_multiplier) <= ledger.epsilon_budget:
+        if not fill or projected(plan.noise_multiplier) >= budget * (1.0 - 2 * rel_tol):
+            return plan
+        lo, hi = plan.noise_multiplier * 0.9, plan.noise_multiplier
+        while projected(lo) <= budget:
+            lo, hi = lo * 0.5, lo
+            if lo < 1e-3:  # noise this small is not a real plan: keep the stage's own calibration
+                return plan
+        sigma = interpolate_noise_multiplier(projected, lo, hi, budget, floor=budget * (1.0 - 2 * rel_tol))
+        return dataclasses.replace(at(sigma), target_epsilon=at(sigma).epsilon_after(plan.steps))
+    if ledger.total_epsilon() + plan.target_epsilon > ledger.epsilon_budget * (1.0 + 1e-9):
+        return plan  # asks for more than is left: a config error, refused, not silently noisier
 
     lo, hi = plan.noise_multiplier, plan.noise_multiplier * 2.0
     while projected(hi) > budget:

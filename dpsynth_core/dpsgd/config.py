@@ -70,6 +70,9 @@ class DpSgdConfig(StrictConfig):
     gpu_strategy: Literal["ddp", "fsdp2"] = "ddp"  # fsdp2 = opacus ghost_fsdp for 7B-class models
     stop_after_steps: int | None = Field(None, ge=1)  # testing only: simulate a kill after k steps
     torch_threads: int | None = Field(None, ge=1)
+    # The last DP stage of a pipeline: lower the noise until the ledger's composed total reaches its
+    # budget (composition of several mechanisms is often sub-additive, so "what is left" undershoots).
+    fill_budget: bool = False
 
     @field_validator("epsilon")
     @classmethod

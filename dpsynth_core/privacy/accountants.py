@@ -126,6 +126,41 @@ def bisect_noise_multiplier(eps_of, lo: float, hi: float, target: float) -> floa
     return hi
 
 
+def interpolate_noise_multiplier(eps_of, lo: float, hi: float, target: float, floor: float, max_evals: int = 40) -> float:
+    """A noise multiplier with ``floor <= eps_of(sigma) <= target``, given ``eps_of(lo) > target >=
+    eps_of(hi)``: regula falsi (Illinois) on log(eps) against log(sigma), where epsilon is close to a
+    power law. For expensive ``eps_of`` (a ledger's PLD composition, ~1 s a call) it needs a few
+    calls where bisection needs a dozen. Returns the best sigma found on the safe side
+    (``eps_of <= target``) if the window is not reached in ``max_evals`` calls."""
+
+    def g(x: float) -> float:
+        return math.log(max(eps_of(math.exp(x)), 1e-300)) - math.log(target)
+
+    x_lo, x_hi = math.log(lo), math.log(hi)
+    g_lo, g_hi = g(x_lo), g(x_hi)
+    hi_value = g_hi  # g_hi itself may be scaled down by the Illinois step; the window test uses this
+    window = math.log(floor) - math.log(target)
+    side = 0
+    for _ in range(max_evals):
+        if hi_value >= window:  # hi is inside the window (hi_value <= 0 always holds)
+            break
+        x = x_hi - g_hi * (x_hi - x_lo) / (g_hi - g_lo)
+        if not (min(x_lo, x_hi) < x < max(x_lo, x_hi)):
+            x = 0.5 * (x_lo + x_hi)
+        gx = g(x)
+        if gx <= 0:
+            x_hi, g_hi, hi_value = x, gx, gx
+            if side == -1:
+                g_lo /= 2.0  # Illinois: keep the stale end from stalling the interpolation
+            side = -1
+        else:
+            x_lo, g_lo = x, gx
+            if side == 1:
+                g_hi /= 2.0
+            side = 1
+    return math.exp(x_hi)
+
+
 def calibrate_noise_multiplier(
     target_epsilon: float, delta: float, sampling_rate: float, steps: int, accountant: str = "pld"
 ) -> float:
