@@ -93,6 +93,8 @@ def main() -> None:
                     help="e.g. http://127.0.0.1:8000/v1 (dpsynth serve start) or a vLLM server; key from OPENAI_API_KEY")
     ap.add_argument("--openai-model", default="smollm2")
     ap.add_argument("--openai-max-tokens", type=int, default=256)
+    ap.add_argument("--openai-timeout", type=float, default=600.0,
+                    help="seconds per request (a CPU-served model answering 4 requests at once needs minutes)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = ap.parse_args()
@@ -120,7 +122,7 @@ def main() -> None:
         from dpsynth_core.actg.extractors import OpenAIExtractor
 
         client = OpenAIExtractor(schema, model=args.openai_model, base_url=args.openai_base_url,
-                                 max_tokens=args.openai_max_tokens)
+                                 max_tokens=args.openai_max_tokens, timeout_s=args.openai_timeout)
         name = f"OpenAI-compatible ({args.openai_model})"
         results[name] = _agreement(client, texts[: args.n_openai], gold[: args.n_openai], fields)
         results[name]["answers"] = dict(client.stats)  # requests, unparsed JSON, missing fields
