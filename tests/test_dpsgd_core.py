@@ -122,6 +122,12 @@ def test_train_changes_lora_only_and_records_ledger(tmp_path):
     assert any("lora_B" in k and v.abs().sum() > 0 for k, v in lora.items())  # B starts at 0
     assert all("lora_" in k for k in lora)  # only adapter weights leave the run
     assert (tmp_path / "out" / "training_curve.png").stat().st_size > 1000
+    # the released adapter dir: weights + privacy summary; no loss (measured on private batches, not
+    # noised), no secret sampling seed; the resumable checkpoint (which holds the seed) is gone
+    released = {f.name: f.read_bytes() for f in res.adapter_dir.rglob("*") if f.is_file()}
+    assert "adapter_model.safetensors" in released and "dp_training.json" in released
+    assert not any(b"sampling_seed" in data or b'"loss"' in data for data in released.values())
+    assert [d.name for d in (tmp_path / "out").iterdir() if d.is_dir()] == [res.adapter_dir.name]
     from dpsynth_core.dpsgd import load_generator
 
     model, _ = load_generator("tiny-llama", res.adapter_dir)
