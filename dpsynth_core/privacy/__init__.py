@@ -10,7 +10,7 @@ Small modules, each heavily tested:
 * ``ledger``      -- SQLite ledger per run directory, with budget refusal before any spend.
 """
 
-from dpsynth_core.privacy._validate import PrivacyParameterError
+from dpsynth_core.privacy._validate import PrivacyParameterError, check_delta_for_size
 from dpsynth_core.privacy.accountants import ACCOUNTANTS, calibrate_noise_multiplier, epsilon_dpsgd
 from dpsynth_core.privacy.composition import compose_epsilon, compose_with_details
 from dpsynth_core.privacy.events import (
@@ -39,6 +39,7 @@ __all__ = [
     "SelectionEvent",
     "ZCdpEvent",
     "calibrate_gaussian_noise",
+    "check_delta_for_size",
     "calibrate_noise_multiplier",
     "compose_epsilon",
     "compose_with_details",

@@ -57,3 +57,18 @@ def check_count(name: str, value: int) -> int:
     if value < 1:
         raise PrivacyParameterError(f"{name} must be >= 1, got {value}")
     return value
+
+
+def check_delta_for_size(delta: float, n: int, field: str = "delta") -> float:
+    """delta must be below 1/n: a larger delta allows a mechanism that releases a whole record.
+
+    The message does not state n (under add/remove adjacency the size of the private file is
+    itself private information).
+    """
+    delta = check_delta(delta)
+    if n >= 1 and delta >= 1.0 / n:
+        raise PrivacyParameterError(
+            f"field '{field}': delta = {delta:g} is not below 1/n for this private data set "
+            "(a delta that large permits releasing a record in the clear); leave it unset for the default 1/(n ln n)"
+        )
+    return delta
