@@ -95,6 +95,8 @@ def main() -> None:
     ap.add_argument("--openai-max-tokens", type=int, default=256)
     ap.add_argument("--openai-timeout", type=float, default=600.0,
                     help="seconds per request (a CPU-served model answering 4 requests at once needs minutes)")
+    ap.add_argument("--allow-external-processing", action="store_true",
+                    help="send the abstracts to a non-loopback --openai-base-url (refused otherwise)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = ap.parse_args()
@@ -122,7 +124,8 @@ def main() -> None:
         from dpsynth_core.actg.extractors import OpenAIExtractor
 
         client = OpenAIExtractor(schema, model=args.openai_model, base_url=args.openai_base_url,
-                                 max_tokens=args.openai_max_tokens, timeout_s=args.openai_timeout)
+                                 max_tokens=args.openai_max_tokens, timeout_s=args.openai_timeout,
+                                 allow_external_processing=args.allow_external_processing)
         name = f"OpenAI-compatible ({args.openai_model})"
         results[name] = _agreement(client, texts[: args.n_openai], gold[: args.n_openai], fields)
         results[name]["answers"] = dict(client.stats)  # requests, unparsed JSON, missing fields

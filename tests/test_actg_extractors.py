@@ -166,8 +166,32 @@ def test_openai_extractor_against_local_stub(schema, stub_server, monkeypatch):
 def test_openai_key_only_from_environment(schema, monkeypatch):
     monkeypatch.delenv("DPSYNTH_ABSENT_KEY", raising=False)
     with pytest.raises(ConfigError, match="DPSYNTH_ABSENT_KEY is not set"):
-        OpenAIExtractor(schema, model="gpt", api_key_env="DPSYNTH_ABSENT_KEY")
+        OpenAIExtractor(schema, model="gpt", api_key_env="DPSYNTH_ABSENT_KEY", allow_external_processing=True)
     with pytest.raises(ConfigError, match="needs 'model'"):
-        build_extractor({"kind": "openai"}, schema)
+        build_extractor({"kind": "openai", "base_url": "http://127.0.0.1:9/v1"}, schema)
     with pytest.raises(Exception):
         ExtractorConfig(kind="regex")
+
+
+@pytest.mark.parametrize("base_url", [None, "https://api.openai.com/v1", "http://10.0.0.5:8000/v1", "http://llm.example.org/v1"])
+def test_private_texts_are_not_sent_off_this_machine_unless_allowed(schema, base_url, monkeypatch):
+    """The extractor reads raw private texts: a non-loopback endpoint (or the hosted API) is refused
+    when the config is validated, before any client exists, unless the owner opts in."""
+    monkeypatch.setenv("DPSYNTH_TEST_KEY", "sk-test")
+    with pytest.raises(ConfigError, match="allow_external_processing"):
+        ExtractorConfig(kind="openai", model="m", base_url=base_url)
+    with pytest.raises(ConfigError, match="not on this machine"):
+        OpenAIExtractor(schema, model="m", base_url=base_url, api_key_env="DPSYNTH_TEST_KEY")
+    allowed = ExtractorConfig(kind="openai", model="m", base_url=base_url, allow_external_processing=True,
+                              api_key_env="DPSYNTH_TEST_KEY")
+    assert build_extractor(allowed, schema).model == "m"  # built, nothing sent
+
+
+@pytest.mark.parametrize("base_url,local", [("http://127.0.0.1:8000/v1", True), ("http://localhost:8000/v1", True),
+                                            ("http://[::1]:8000/v1", True), ("127.0.0.2:9000", True),
+                                            ("http://192.168.1.4/v1", False), ("http://localhost.evil.com/v1", False),
+                                            (None, False)])
+def test_loopback_detection(base_url, local):
+    from dpsynth_core.privacy.endpoints import is_loopback_url
+
+    assert is_loopback_url(base_url) is local

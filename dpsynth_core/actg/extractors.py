@@ -29,10 +29,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, Sequence
 
 import numpy as np
+from pydantic import model_validator
 
 from dpsynth_core.actg.schema import AttributeField, AttributeSchema
 from dpsynth_core.config import StrictConfig
 from dpsynth_core.errors import ConfigError, DataError
+from dpsynth_core.privacy.endpoints import require_local_or_allowed
 
 
 class AttributeExtractor(abc.ABC):
@@ -297,9 +299,13 @@ class OpenAIExtractor(AttributeExtractor):
     def __init__(self, schema: AttributeSchema, model: str, base_url: str | None = None,
                  api_key_env: str = "OPENAI_API_KEY", temperature: float = 0.0,
                  max_tokens: int = 512, max_workers: int = 4, timeout_s: float = 60.0,
-                 max_retries: int = 2, max_text_chars: int = 6000) -> None:
+                 max_retries: int = 2, max_text_chars: int = 6000,
+                 allow_external_processing: bool = False) -> None:
         super().__init__(schema)
         from openai import OpenAI
+
+        # The extractor reads private texts: a non-loopback endpoint must be opted into.
+        require_local_or_allowed(base_url, allow_external_processing, "extractor (openai)")
 
         key = os.environ.get(api_key_env)
         if not key:
@@ -366,6 +372,14 @@ class ExtractorConfig(StrictConfig):
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
     max_workers: int = 4
+    # Private texts go to base_url; only a loopback server unless the data owner opts in here.
+    allow_external_processing: bool = False
+
+    @model_validator(mode="after")
+    def _private_texts_stay_local(self) -> ExtractorConfig:
+        if self.kind == "openai":
+            require_local_or_allowed(self.base_url, self.allow_external_processing, "extractor")
+        return self
 
 
 def build_extractor(config: ExtractorConfig | dict | str, schema: AttributeSchema,
@@ -384,4 +398,5 @@ def build_extractor(config: ExtractorConfig | dict | str, schema: AttributeSchem
     if not config.model:
         raise ConfigError("extractor kind 'openai' needs 'model' (the served model id)")
     return OpenAIExtractor(schema, model=config.model, base_url=config.base_url,
-                           api_key_env=config.api_key_env, max_workers=config.max_workers)
+                           api_key_env=config.api_key_env, max_workers=config.max_workers,
+                           allow_external_processing=config.allow_external_processing)
