@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from dpsynth_core.cli import data, jobs, ledger, models, privacy, run, serve, train
+from dpsynth_core.cli import data, jobs, ledger, models, privacy, release, run, serve, train
 from dpsynth_core.cli import eval as eval_cmd
 from dpsynth_core.errors import DpsynthError
 
@@ -31,6 +31,7 @@ _app.add_typer(serve.app, name="serve")
 _app.add_typer(eval_cmd.app, name="eval")
 _app.add_typer(jobs.app, name="jobs")
 jobs.register_top_level(_app)  # `dpsynth submit` and `dpsynth tune`
+_app.command("release")(release.release)
 
 
 def app() -> None:

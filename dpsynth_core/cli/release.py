@@ -1,0 +1,23 @@
+"""`dpsynth release RUN_DIR DEST`: copy what a run may publish, and nothing else."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def release(
+    run_dir: Path = typer.Argument(..., help="A finished run directory."),
+    dest: Path = typer.Argument(..., help="Where to copy the release (must not exist, or be empty)."),
+) -> None:
+    """Copy RUN_DIR/release/ (synthetic data, DP adapter, ledger, manifest) to DEST after checking its hashes.
+
+    Example: dpsynth release runs/actg_demo /tmp/actg_demo_release
+    """
+    from dpsynth_core.release import copy_release
+
+    manifest = copy_release(run_dir, dest)
+    flag = "  NOT PRIVATE (test/reference run)" if manifest.get("not_private") else ""
+    typer.echo(f"released {len(manifest['files'])} files to {dest.resolve()}: {manifest['method']}, "
+               f"epsilon {manifest['epsilon']:.4f} at delta {manifest['delta']:.3g}{flag}")
