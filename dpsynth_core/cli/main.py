@@ -31,6 +31,35 @@ _app.add_typer(serve.app, name="serve")
 _app.add_typer(eval_cmd.app, name="eval")
 _app.add_typer(jobs.app, name="jobs")
 jobs.register_top_level(_app)  # `dpsynth submit` and `dpsynth tune`
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from dpsynth_core import __version__
+
+        typer.echo(f"dpsynth {__version__}")
+        raise typer.Exit(0)
+
+
+@_app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", help="Print the version and exit.", callback=_show_version, is_eager=True),
+) -> None:
+    """Differentially private synthetic text and tables on Ray."""
+
+
+def _usage_error_types() -> tuple[type[BaseException], ...]:
+    """Click's exception base, from typer's vendored copy of click and from click itself (either may raise)."""
+    import click
+
+    types: list[type[BaseException]] = [click.exceptions.ClickException]
+    try:
+        from typer._click.exceptions import ClickException as VendoredClickException
+
+        types.append(VendoredClickException)
+    except ImportError:  # a typer that uses click directly
+        pass
+    return tuple(types)
 _app.command("release")(release.release)
 
 
@@ -46,10 +75,8 @@ def app() -> None:
     except typer.Abort:
         typer.secho("aborted", err=True)
         sys.exit(1)
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
+    except Exception as exc:  # usage errors arrive here in non-standalone mode: usage + one line, exit 2
+        if isinstance(exc, _usage_error_types()):
             exc.show()
             sys.exit(exc.exit_code)
         raise
