@@ -250,3 +250,18 @@ def test_interpolated_noise_lands_in_the_window_on_the_safe_side(shape, k):
     sigma = interpolate_noise_multiplier(eps_of, 0.25, 4.0, target=1.0, floor=0.998)
     assert 0.998 <= eps_of(sigma) <= 1.0
     assert len(calls) <= 16
+
+
+@pytest.mark.timeout(120)
+def test_weak_privacy_answers_in_seconds_with_a_valid_bound():
+    """sigma = 0.02 at q = 0.01, T = 1000 made PLD run for minutes; above WEAK_PRIVACY_EPSILON every
+    accountant reports the RDP bound (an upper bound: never under-reports), and calibration to a
+    huge epsilon terminates."""
+    from dpsynth_core.privacy.accountants import WEAK_PRIVACY_EPSILON, _rdp_epsilon
+
+    rdp = _rdp_epsilon(0.01, 0.02, 1000, 1e-5)
+    assert rdp > WEAK_PRIVACY_EPSILON
+    for name in ("pld", "prv"):
+        assert epsilon_dpsgd(0.01, 0.02, 1000, 1e-5, name) == rdp
+    sigma = calibrate_noise_multiplier(1e6, 1e-5, 0.01, 1000)
+    assert epsilon_dpsgd(0.01, sigma, 1000, 1e-5) <= 1e6

@@ -24,6 +24,7 @@ def epsilon(
     from rich.table import Table
 
     from dpsynth_core.privacy import ACCOUNTANTS, PrivacyParameterError, epsilon_dpsgd
+    from dpsynth_core.privacy.accountants import WEAK_PRIVACY_EPSILON
 
     names = ACCOUNTANTS if accountant == "all" else (accountant,)
     if accountant != "all" and accountant not in ACCOUNTANTS:
@@ -37,11 +38,15 @@ def epsilon(
     table.add_column("accountant")
     table.add_column("epsilon", justify="right")
     table.add_column("time (s)", justify="right")
+    weak = False
     for name in names:
         start = time.perf_counter()
         eps = epsilon_dpsgd(sampling_rate, noise_multiplier, steps, delta, name)
+        weak = weak or eps > WEAK_PRIVACY_EPSILON
         table.add_row(name, f"{eps:.4f}", f"{time.perf_counter() - start:.2f}")
     console.print(table)
+    if weak:
+        console.print(f"epsilon above {WEAK_PRIVACY_EPSILON:g}: no meaningful privacy; every accountant reports the RDP bound")
 
 
 @app.command()

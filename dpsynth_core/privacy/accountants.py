@@ -16,6 +16,7 @@ sigma whose epsilon, by the chosen accountant at full precision, is <= the targe
 from __future__ import annotations
 
 import functools
+import logging
 import math
 
 from dpsynth_core.privacy._validate import (
@@ -30,6 +31,21 @@ ACCOUNTANTS = ("pld", "rdp", "prv")
 PLD_DISCRETIZATION = 1e-4
 _PLD_COARSE_DISCRETIZATION = 1e-3  # 10x faster; still pessimistic (an upper bound)
 PRV_EPS_ERROR = 0.01
+# Above this epsilon every accountant reports the RDP bound: PLD and PRV grids grow with epsilon
+# (sigma = 0.02 at q = 0.01, T = 1000 runs for minutes), RDP answers in milliseconds, and it is a
+# valid upper bound -- at such epsilons no tighter figure changes what the guarantee means.
+WEAK_PRIVACY_EPSILON = 64.0
+
+
+class _DropDpAccountingChatter(logging.Filter):
+    """dp_accounting's RDP code logs convergence notes through absl on every call (dozens per
+    ledger); a user cannot act on them. Only its records are dropped, other absl logs pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "dp_accounting" not in (record.pathname or "")
+
+
+logging.getLogger("absl").addFilter(_DropDpAccountingChatter())
 
 
 def _check_accountant(accountant: str) -> str:
@@ -103,10 +119,11 @@ def epsilon_dpsgd(
     steps = check_count("steps", steps)
     delta = check_delta(delta)
     accountant = _check_accountant(accountant)
+    rdp = _rdp_epsilon(q, sigma, steps, delta)
+    if accountant == "rdp" or rdp > WEAK_PRIVACY_EPSILON:
+        return rdp
     if accountant == "pld":
         return _pld_epsilon(q, sigma, steps, delta, PLD_DISCRETIZATION)
-    if accountant == "rdp":
-        return _rdp_epsilon(q, sigma, steps, delta)
     return _prv_epsilon(q, sigma, steps, delta)
 
 
@@ -178,7 +195,7 @@ def calibrate_noise_multiplier(
     accountant = _check_accountant(accountant)
 
     def search_eps(sigma: float) -> float:
-        if accountant == "pld":
+        if accountant == "pld" and _rdp_epsilon(q, sigma, steps, delta) <= WEAK_PRIVACY_EPSILON:
             return _pld_epsilon(q, sigma, steps, delta, _PLD_COARSE_DISCRETIZATION)
         return epsilon_dpsgd(q, sigma, steps, delta, accountant)
 
