@@ -11,6 +11,7 @@ import sys
 import typer
 
 from dpsynth_core.cli import data, jobs, ledger, models, privacy, release, run, serve, train
+from dpsynth_core.cli import audit
 from dpsynth_core.cli import eval as eval_cmd
 from dpsynth_core.errors import DpsynthError
 
@@ -30,6 +31,7 @@ _app.add_typer(run.app, name="run")
 _app.add_typer(serve.app, name="serve")
 _app.add_typer(eval_cmd.app, name="eval")
 _app.add_typer(jobs.app, name="jobs")
+_app.add_typer(audit.app, name="audit")
 jobs.register_top_level(_app)  # `dpsynth submit` and `dpsynth tune`
 
 

@@ -1,0 +1,71 @@
+"""`dpsynth audit dpsgd --config FILE`: a one-run canary audit of the DP-SGD generator.
+
+The config is a training config (``data:``, ``train:``) plus ``audit:`` (AuditSettings) and
+``output_dir:``. The audit's private data are the training data and the canaries; its outputs
+(which canaries were included, their scores) are owner-side reports, never a release.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from pydantic import Field
+
+from dpsynth_core.audit.config import AuditSettings
+from dpsynth_core.cli.train import TrainDataSpec
+from dpsynth_core.config import StrictConfig
+from dpsynth_core.dpsgd.config import DpSgdConfig
+from dpsynth_core.errors import ConfigError
+
+app = typer.Typer(help="Empirical privacy audits (owner-side).", no_args_is_help=True)
+
+
+class AuditJobConfig(StrictConfig):
+    data: TrainDataSpec
+    train: DpSgdConfig
+    audit: AuditSettings = Field(default_factory=AuditSettings)
+    output_dir: str = "runs/audit"
+
+
+@app.callback()
+def _group() -> None:
+    """Empirical privacy audits (owner-side)."""  # keeps `audit` a group with one subcommand
+
+
+@app.command()
+def dpsgd(
+    config: Path = typer.Option(..., "--config", "-c", help="YAML with data:, train: (DpSgdConfig), audit:, output_dir:."),
+    canaries: int | None = typer.Option(None, "--canaries", help="Number of canaries m (overrides audit.canaries)."),
+    out: Path | None = typer.Option(None, "--out", help="Report directory (overrides output_dir)."),
+    progress: bool = typer.Option(False, "--progress/--no-progress"),
+    allow_test_only: bool = typer.Option(False, "--allow-test-only", hidden=True,
+                                         help="Permit audit.noise: off (not private; for tests)."),
+) -> None:
+    """Train the config's DP-SGD stage once with m canaries and report the epsilon lower bound at 95 %."""
+    from dpsynth_core.audit import run_dpsgd_audit, write_audit_report
+    from dpsynth_core.cli.train import build_examples
+    from dpsynth_core.config import load_config
+
+    job = load_config(config, AuditJobConfig)
+    settings = job.audit
+    if canaries is not None:
+        settings = AuditSettings.model_validate({**settings.model_dump(exclude_unset=True), "canaries": canaries})
+    examples = build_examples(job.data, Path(config))
+    if not examples:
+        raise ConfigError(f"{config}: field 'data': no training records in {job.data.path}")
+    try:
+        result = run_dpsgd_audit(examples, job.train, settings, allow_test_only=allow_test_only, progress=progress)
+    except ConfigError as exc:
+        raise ConfigError(f"{config}: {exc}") from None
+    summary, plot = write_audit_report(result, out or Path(job.output_dir))
+    verdict = "claim holds" if result.passed else "CLAIM REFUTED"
+    typer.echo(
+        f"epsilon lower bound {result.epsilon_lower_bound:.3f} ({result.confidence:.0%}) vs claimed "
+        f"{result.claimed_epsilon:g} at delta {result.delta:.3g}: {verdict}; m={result.canaries}, "
+        f"{result.correct}/{result.guesses} guesses right, sigma={result.noise_multiplier:.4g}, "
+        f"{result.wall_seconds:.0f} s"
+    )
+    if not result.private:
+        typer.secho("NOT PRIVATE: noise was switched off (test-only mode)", fg="yellow")
+    typer.echo(f"report: {summary}\nplot:   {plot}")
