@@ -1,10 +1,13 @@
-"""Collect DPFairLLM run summaries into one comparison table (markdown) and a bar plot.
+"""Collect tabular run summaries into one comparison table (markdown) and a bar plot.
 
-    python benchmarks/dpfair_table.py runs/dpfair/dpfair_eps4 runs/dpfair/dpfair_eps4_nofair ... \
+    dpsynth run dpfair --config configs/dpfair_eps4.yaml
+    dpsynth run dpfair --config configs/dpfair_eps4_nofair.yaml
+    dpsynth run aim --config configs/aim_eps4.yaml
+    python benchmarks/dpfair_table.py runs/dpfair/dpfair_eps4 runs/dpfair/dpfair_eps4_nofair runs/aim/aim_eps4 \
         --out runs/dpfair/comparison
 
-Reads ``stages/evaluate.done`` (DPFairLLM), ``stages/baseline.done`` (AIM, same epsilon) and
-``stages/reference.done`` (classifiers trained on the real sample) of each run directory. The
+Reads ``stages/evaluate.done`` of each run directory (a DPFairLLM run or an AIM run: one release
+each) and ``stages/reference.done`` (classifiers trained on the real sample, DPFairLLM runs). The
 numbers are the owner-side evaluation of each run; nothing here touches the data again.
 """
 
@@ -13,6 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+
+import yaml
 
 COLUMNS = [
     ("acc_lr", "acc LR"), ("f1_lr", "F1 LR"), ("acc_gb", "acc GB"), ("f1_gb", "F1 GB"),
@@ -25,18 +30,21 @@ def _load(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def _method(run: Path, summary: dict) -> str:
+    if summary.get("method") == "aim":
+        return "AIM (smartnoise-synth)"
+    cfg = yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").is_file() else {}
+    fairness = (cfg or {}).get("fairness") or {}
+    fair = (fairness.get("lambda_dp") or 0) > 0 or (fairness.get("lambda_eo") or 0) > 0
+    return f"DPFairLLM {'with' if fair else 'without'} fairness terms"
+
+
 def collect(run_dirs: list[Path]) -> list[dict]:
     rows, seen_ref = [], set()
     for run in run_dirs:
-        cfg_text = (run / "config.yaml").read_text() if (run / "config.yaml").is_file() else ""
-        fair = "lambda_dp: 0.0" not in cfg_text
         ev = _load(run / "stages" / "evaluate.done")
-        if ev:
-            eps_cfg = ev.get("epsilon")  # composed total of the run's ledger
-            rows.append({**ev, "method": f"DPFairLLM {'with' if fair else 'without'} fairness terms", "run": run.name, "epsilon": eps_cfg})
-        base = _load(run / "stages" / "baseline.done")
-        if base:
-            rows.append({**base, "method": "AIM (smartnoise-synth)", "run": run.name})
+        if ev:  # epsilon: the composed total of the run's own ledger
+            rows.append({**ev, "method": _method(run, ev), "run": run.name})
         ref = _load(run / "stages" / "reference.done")
         if ref:
             key = json.dumps({k: ref.get(k) for k in ("acc_lr", "acc_gb")})

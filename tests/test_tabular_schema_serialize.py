@@ -302,10 +302,10 @@ def test_unknown_column_selected_or_in_data():
     small = schema.select(["age", "sex"])
     with pytest.raises(DataError, match=r"adult.csv: missing columns \['sex'\]"):
         small.validate_frame(pd.DataFrame({"age": [30]}), "adult.csv")
-    with pytest.raises(DataError, match=r"adult.csv: column 'sex', row 1: value not in the schema's categories") as err:
+    with pytest.raises(DataError, match=r"adult.csv: column 'sex', row 2: value not in the schema's categories") as err:
         small.validate_frame(pd.DataFrame({"age": [30, 40], "sex": ["Male", "Secret-value"]}), "adult.csv")
     assert "Secret-value" not in str(err.value)  # private values are never echoed
-    with pytest.raises(DataError, match=r"column 'age', row 0: expected a number"):
+    with pytest.raises(DataError, match=r"column 'age', row 1: expected a number"):
         small.validate_frame(pd.DataFrame({"age": ["old"], "sex": ["Male"]}), "adult.csv")
 
 

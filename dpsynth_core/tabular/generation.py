@@ -17,32 +17,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 import torch
-from pydantic import Field
 from transformers import LogitsProcessorList
 
-from dpsynth_core.config import StrictConfig
 from dpsynth_core.errors import ConfigError
+from dpsynth_core.tabular.config import FairGenerationSettings, GenerationSettings
 from dpsynth_core.tabular.constrained import ConstrainedRowProcessor, RowConstraint
 from dpsynth_core.tabular.serialize import RowSerializer
 
-
-class FairGenerationSettings(StrictConfig):
-    enabled: bool = False
-    sensitive: str | None = None  # default: the schema's first sensitive attribute
-    max_dp_gap: float | None = Field(0.05, ge=0)
-    max_eo_gap: float | None = Field(None, ge=0)
-    target_rates: dict[str, float] | None = None  # optional target P(Y = pos | A = a) per group
-    warmup_rows: int = Field(50, ge=0)  # accept unconditionally until this many rows
-
-
-class GenerationSettings(StrictConfig):
-    num_rows: int = Field(1000, ge=1)
-    batch_size: int = Field(64, ge=1)
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_attempts_factor: float = Field(4.0, ge=1)
-    seed: int = 0
-    fairness: FairGenerationSettings = Field(default_factory=FairGenerationSettings)
+__all__ = ["FairGenerationSettings", "GenerationResult", "GapTracker", "GenerationSettings", "dp_gap_of", "generate_rows"]
 
 
 @dataclass

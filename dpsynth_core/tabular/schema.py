@@ -5,6 +5,13 @@ be read off the private data for free. A column may instead say ``domain: dp`` a
 *candidate* domain; :mod:`dpsynth_core.tabular.dp_domain` then estimates bounds / categories
 under DP with the cost recorded in the run's ledger.
 
+Values outside a DP-estimated category list are expected (the estimate drops rare candidates and
+does not know values outside the candidates); the schema's ``unknown`` says what happens to them
+in the private table: ``other`` (default) maps them to the category ``other_label`` ("Other"),
+which :meth:`TableSchema.with_other_buckets` adds to every DP-estimated list (post-processing,
+free); ``drop`` drops their rows. Values outside a *public* category list are an error found by
+:meth:`TableSchema.preflight` on the whole file, before any budget is spent.
+
     schema = load_schema("configs/schemas/adult.yaml").select(["age", "sex", "income"])
 """
 
@@ -14,6 +21,7 @@ import math
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import pandas as pd
 from pydantic import Field, model_validator
 
@@ -113,7 +121,7 @@ class ColumnSpec(StrictConfig):
         if self.is_categorical:
             text = str(value)
             if text not in (self.categories or []):
-                raise DataError(f"column '{self.name}': value is not one of the schema's {len(self.categories or [])} categories")
+                raise DataError(f"column '{self.name}': value is not one of the schema's categories")
             return text
         try:
             x = float(value)
@@ -155,12 +163,17 @@ class TableSchema(StrictConfig):
     target: str | None = None
     positive_label: str | None = None
     description: str = ""
+    unknown: Literal["other", "drop"] = "other"  # a private value outside a DP-estimated category list
+    other_label: str = "Other"
 
     @model_validator(mode="after")
     def _check(self) -> TableSchema:
         if not self.columns:
             raise ValueError("schema has no columns")
         names = [c.name for c in self.columns]
+        o = self.other_label
+        if not o or o != o.strip() or any(ch in o for ch in FORBIDDEN_IN_CATEGORY):
+            raise ValueError(f"other_label is empty, padded with spaces or contains one of {FORBIDDEN_IN_CATEGORY!r}")
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"duplicate column names: {sorted(dup)}")
@@ -207,7 +220,24 @@ class TableSchema(StrictConfig):
             target=target,
             positive_label=self.positive_label if target else None,
             description=self.description,
+            unknown=self.unknown,
+            other_label=self.other_label,
         )
+
+    def with_other_buckets(self) -> TableSchema:
+        """With ``unknown: other``, every DP-estimated category list gains ``other_label``.
+
+        Applied to the output of the DP estimate (post-processing: no data, no cost).
+        """
+        if self.unknown != "other":
+            return self
+        cols = [
+            c.model_copy(update={"categories": [*c.categories, self.other_label]})
+            if c.is_categorical and c.domain == "dp" and c.categories is not None and self.other_label not in c.categories
+            else c
+            for c in self.columns
+        ]
+        return self.model_copy(update={"columns": cols})
 
     def require_resolved(self) -> None:
         missing = [c.name for c in self.columns if not c.resolved()]
@@ -224,39 +254,64 @@ class TableSchema(StrictConfig):
         return self.positive_label or self.column(self.target).categories[-1]  # type: ignore[index]
 
     # ---- data -----------------------------------------------------------------------------------
+    # Errors name the file (``source``), the column and the 1-based data row (taken from the frame's
+    # index: position in the file for a frame read from it or a subset of it); never a value, never
+    # a count of affected rows (both may be private).
+    def preflight(self, df: pd.DataFrame, source: str = "data") -> None:
+        """Check the whole private file before any budget is spent: every column present, every
+        public category known, every number a number. DP-estimated columns are not resolved yet:
+        their categories are not checked (values outside them are handled by ``unknown``)."""
+        missing = [n for n in self.names if n not in df.columns]
+        if missing:
+            raise DataError(f"{source}: missing columns {missing}")
+        for col in self.columns:
+            if col.is_categorical:
+                if col.domain == "public":
+                    _first_bad(df[col.name].astype(str).str.strip().isin(col.categories or []), source, col,
+                               "value not in the schema's categories")
+            else:
+                _first_bad(pd.to_numeric(df[col.name], errors="coerce").notna(), source, col, "expected a number")
+
     def validate_frame(self, df: pd.DataFrame, source: str = "data") -> pd.DataFrame:
         """Return ``df[self.names]`` with numbers clipped to bounds; DataError names file/column/row.
 
-        Values are never echoed in errors (they may be private).
+        A value outside a DP-estimated category list becomes ``other_label`` (``unknown: other``)
+        or drops its row (``unknown: drop``); outside a public list it is an error.
         """
         self.require_resolved()
         missing = [n for n in self.names if n not in df.columns]
         if missing:
             raise DataError(f"{source}: missing columns {missing}")
         out = df[self.names].copy()
+        keep = pd.Series(True, index=out.index)
         for col in self.columns:
             s = out[col.name]
             if col.is_categorical:
                 s = s.astype(str).str.strip()
-                bad = ~s.isin(col.categories or [])
-                if bad.any():
-                    row = int(bad.to_numpy().nonzero()[0][0])
-                    raise DataError(
-                        f"{source}: column '{col.name}', row {row}: value not in the schema's categories "
-                        f"({int(bad.sum())} rows affected)"
-                    )
+                known = s.isin(col.categories or [])
+                if col.domain == "dp" and self.unknown == "other" and self.other_label in (col.categories or []):
+                    s = s.where(known, self.other_label)
+                elif col.domain == "dp" and self.unknown == "drop":
+                    keep &= known
+                else:
+                    _first_bad(known, source, col, "value not in the schema's categories")
                 out[col.name] = s
             else:
                 num = pd.to_numeric(s, errors="coerce")
-                bad = num.isna()
-                if bad.any():
-                    row = int(bad.to_numpy().nonzero()[0][0])
-                    raise DataError(f"{source}: column '{col.name}', row {row}: expected a number")
+                _first_bad(num.notna(), source, col, "expected a number")
                 g_lo, g_hi = col.grid_bounds()
                 scale = 10**col.decimals
                 num = num.round(col.decimals).clip(g_lo / scale, g_hi / scale)
                 out[col.name] = num.astype(int) if col.type == "integer" else num
-        return out.reset_index(drop=True)
+        return out[keep].reset_index(drop=True)
+
+
+def _first_bad(ok: pd.Series, source: str, col: ColumnSpec, problem: str) -> None:
+    if not ok.all():
+        pos = int((~ok).to_numpy().nonzero()[0][0])
+        label = ok.index[pos]
+        row = int(label) + 1 if isinstance(label, (int, np.integer)) else pos + 1
+        raise DataError(f"{source}: column '{col.name}', row {row}: {problem}")
 
 
 def load_schema(path: str | Path) -> TableSchema:

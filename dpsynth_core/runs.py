@@ -1,0 +1,98 @@
+"""One rerun rule for every pipeline's run directory, and its stage markers (Ray-free).
+
+    root = open_run_dir(Path("runs/dpfair/x"), cfg.model_dump(mode="json"), resume=True,
+                        ignore=("use_ray", "resources"))
+
+* no directory yet: create it and write ``config.yaml`` (the validated config, canonical YAML);
+* ``resume=False`` (``--fresh``): an existing directory is moved aside (``NAME.prev-STAMP``), then
+  as above;
+* the directory exists with another config: refuse, naming the changed keys, and suggest
+  ``--fresh``. ``config.yaml`` is never overwritten, so a run never claims an epsilon that its
+  data and ledger were not made with;
+* the same config: resume (the caller skips finished stages; :func:`announce_finished` says so
+  when there is nothing left).
+
+Keys in ``ignore`` (dotted paths) change how a run executes, not what it outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+from dpsynth_core.errors import ConfigError
+from dpsynth_core.files import atomic_write_text
+
+CONFIG_FILE = "config.yaml"
+
+
+def _flatten(value, prefix: str = "") -> dict[str, object]:
+    if isinstance(value, dict) and value:
+        out: dict[str, object] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: value}
+
+
+def changed_keys(old: dict, new: dict, ignore: tuple[str, ...] = ()) -> list[str]:
+    """Dotted keys whose values differ between two config snapshots (minus ``ignore`` and below)."""
+    a, b = _flatten(old), _flatten(new)
+    skip = lambda k: any(k == i or k.startswith(i + ".") for i in ignore)  # noqa: E731
+    return sorted(k for k in set(a) | set(b) if not skip(k) and a.get(k, "<unset>") != b.get(k, "<unset>"))
+
+
+def snapshot_text(snapshot: dict) -> str:
+    return yaml.safe_dump(json.loads(json.dumps(snapshot, default=str)), sort_keys=True)
+
+
+def open_run_dir(root: Path, snapshot: dict, *, resume: bool, ignore: tuple[str, ...] = ()) -> Path:
+    """Create, reopen or (``resume=False``) replace the run directory ``root``; see the module doc."""
+    root = Path(root)
+    text = snapshot_text(snapshot)
+    if root.exists() and not resume:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+        os.replace(root, root.with_name(f"{root.name}.prev-{stamp}"))
+    config_file = root / CONFIG_FILE
+    if config_file.is_file():
+        old = yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}
+        diff = changed_keys(old, yaml.safe_load(text), ignore)
+        if diff:
+            raise ConfigError(
+                f"{root}: this run was made with a different config (changed: {', '.join(diff)}); its outputs and "
+                "ledger belong to the old one. Re-run with --fresh (the old run is moved aside) or set another name")
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(config_file, text)
+    return root
+
+
+def announce_finished(root: Path) -> None:
+    """One line on stderr: a rerun of a finished run does nothing and says so."""
+    print(f"{root}: this run is already finished; nothing was run (--fresh starts it again)", file=sys.stderr)
+
+
+class StageMarkers:
+    """``stages/<name>.done`` files: written atomically after a stage's outputs are in place."""
+
+    def __init__(self, root: Path) -> None:
+        self.dir = Path(root) / "stages"
+
+    def path(self, stage: str) -> Path:
+        return self.dir / f"{stage}.done"
+
+    def done(self, stage: str) -> bool:
+        return self.path(stage).is_file()
+
+    def summary(self, stage: str) -> dict:
+        return json.loads(self.path(stage).read_text()) if self.done(stage) else {}
+
+    def mark(self, stage: str, summary: dict | None = None) -> None:
+        finished = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        atomic_write_text(self.path(stage), json.dumps({"stage": stage, "finished": finished, **(summary or {})},
+                                                       indent=2, default=str))

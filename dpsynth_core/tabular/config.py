@@ -1,0 +1,141 @@
+"""Typed configs of the tabular runs: DPFairLLM (``dpsynth run dpfair``) and the AIM baseline
+(``dpsynth run aim``), one release and one ledger per run directory.
+
+Both share :class:`TableRunConfig`: the private table (``data``), the public schema and the
+columns used, and the budget (epsilon, delta). The data settings are public config; the rows
+they point at are read from their source by whichever process needs them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from dpsynth_core.config import StrictConfig, load_config
+from dpsynth_core.dpsgd.config import LoraSettings
+from dpsynth_core.resources import StageResources
+
+
+class FairGenerationSettings(StrictConfig):
+    enabled: bool = False
+    sensitive: str | None = None  # default: the schema's first sensitive attribute
+    max_dp_gap: float | None = Field(0.05, ge=0)
+    max_eo_gap: float | None = Field(None, ge=0)
+    target_rates: dict[str, float] | None = None  # optional target P(Y = pos | A = a) per group
+    warmup_rows: int = Field(50, ge=0)  # accept unconditionally until this many rows
+
+
+class GenerationSettings(StrictConfig):
+    num_rows: int = Field(1000, ge=1)
+    batch_size: int = Field(64, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_attempts_factor: float = Field(4.0, ge=1)
+    seed: int = 0
+    fairness: FairGenerationSettings = Field(default_factory=FairGenerationSettings)
+
+
+class DataSettings(StrictConfig):
+    """The private table and the real test table (owner-side evaluation only)."""
+
+    source: str = "adult"  # "adult" or a CSV/JSONL/Parquet path
+    test_path: str | None = None  # for non-adult sources: the real test table
+    # expected size of the private working set: each row of the file is kept independently with
+    # probability train_rows / n, drawn from OS entropy (never a config seed); None = the whole file
+    train_rows: int | None = Field(None, ge=10)
+    test_rows: int | None = Field(None, ge=10)
+    seed: int = 0  # post-processing and owner-side evaluation only (test subsample, TSTR models)
+
+
+class BudgetSplit(StrictConfig):
+    domain: float = Field(0.05, ge=0, lt=1)  # fraction of epsilon for `domain: dp` columns (if any)
+    fair_stats: float = Field(0.05, ge=0, lt=1)  # fraction for the (A, Y) table (if fairness is on)
+
+
+class SerializationSettings(StrictConfig):
+    separator: str = ", "
+    prefix: str = "names"
+    random_order: bool = False
+
+
+class TrainingSettings(StrictConfig):
+    model: str = "smollm2-135m-instruct"
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    steps: int = Field(30, ge=1)
+    expected_batch_size: int = Field(32, ge=1)
+    physical_batch_size: int = Field(16, ge=1)
+    learning_rate: float = Field(2e-3, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    clipping: str = "ghost"
+    max_seq_len: int = Field(128, ge=16)
+    seed: int = 0  # column order of the serialized rows (data-independent) and the LoRA init
+    torch_threads: int | None = 2
+
+
+class FairnessSettings(StrictConfig):
+    lambda_dp: float = Field(0.0, ge=0)
+    lambda_eo: float = Field(0.0, ge=0)
+    sensitive: str | None = None
+    target_y: dict[str, float] | None = None  # public target P(Y); default: DP-estimated P(Y)
+
+    @property
+    def enabled(self) -> bool:
+        return self.lambda_dp > 0 or self.lambda_eo > 0
+
+
+class TableRunConfig(StrictConfig):
+    """What every tabular run shares: where the data and the public schema are, and the budget."""
+
+    name: str
+    output_dir: str
+    schema_path: str = "configs/schemas/adult.yaml"
+    columns: list[str] | None = None
+    data: DataSettings = Field(default_factory=DataSettings)
+    epsilon: float = Field(..., gt=0)
+    delta: float | None = Field(None, gt=0, lt=1)  # default 1 / (m ln m), m = the expected private rows
+    budget: BudgetSplit = Field(default_factory=BudgetSplit)
+    evaluate_privacy: bool = True  # DCR + membership inference in the owner-side report
+
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.name
+
+
+class DpFairConfig(TableRunConfig):
+    """DPFairLLM: DP-SGD LoRA fine-tuning on serialized rows with fairness terms; fair generation."""
+
+    name: str = "dpfair"
+    output_dir: str = "runs/dpfair"
+    serialization: SerializationSettings = Field(default_factory=SerializationSettings)
+    training: TrainingSettings = Field(default_factory=TrainingSettings)
+    fairness: FairnessSettings = Field(default_factory=FairnessSettings)
+    generation: GenerationSettings = Field(default_factory=GenerationSettings)
+    evaluate_reference: bool = True  # also train the TSTR classifiers on the real sample (a reference row)
+    use_ray: bool = True  # train + generate as a Ray task (False: in this process)
+    resources: StageResources = Field(default_factory=lambda: StageResources(cpus=1, gpus=0))  # that Ray task
+
+    @model_validator(mode="before")
+    @classmethod
+    def _baseline_moved(cls, raw):
+        if isinstance(raw, dict) and "baseline" in raw:
+            raise ValueError("'baseline' is no longer part of a DPFairLLM run (one release per run directory): "
+                             "run the AIM baseline as its own run, `dpsynth run aim --config configs/aim_*.yaml`")
+        return raw
+
+
+class AimConfig(TableRunConfig):
+    """The AIM baseline (smartnoise-synth) as its own run: domain estimation, AIM, evaluation."""
+
+    name: str = "aim"
+    output_dir: str = "runs/aim"
+    bins: int = Field(16, ge=2)  # equal-width bins of numeric columns over their (public or DP) bounds
+    num_rows: int = Field(1000, ge=1)
+    sample_seed: int = 0  # sampling rows from the fitted model (post-processing) and their shuffle
+
+
+def load_dpfair_config(path: str | Path) -> DpFairConfig:
+    return load_config(path, DpFairConfig)
+
+
+def load_aim_config(path: str | Path) -> AimConfig:
+    return load_config(path, AimConfig)

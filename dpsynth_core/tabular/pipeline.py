@@ -1,0 +1,269 @@
+"""DPFairLLM end to end: stages, run directory, resume (Ray-free; ``ray_jobs/dpfair.py`` runs the
+heavy stage as a Ray task through ``runner``).
+
+    cfg = load_dpfair_config("configs/dpfair_demo.yaml")
+    run_dir = run_dpfair(cfg)                        # every stage in this process
+    run_dir = run_dpfair(cfg, runner=ray_runner)     # train + generate as a Ray task
+
+Stages (each leaves ``stages/<name>.done``; a rerun skips finished stages)::
+
+    prepare     draw the secret working subset of the private file (owner-only state); resolve the
+                schema's `domain: dp` columns under DP (Gaussian histogram)   -> schema_resolved.json
+    fair_stats  DP (A, Y) table -> fairness targets (only with a fairness term) -> fair_targets.json
+    train       DP-SGD LoRA fine-tuning with the fairness penalty              -> train/ (adapter)
+    generate    constrained, fairness-aware generation (post-processing)      -> synthetic.csv
+    evaluate    TSTR / TVD / fairness / DCR+MIA on real data (owner-side report, not a release)
+    reference   the TSTR classifiers trained on the real sample (owner-side reference row)
+    release     release/: synthetic.csv, the adapter, the DP schema and targets, the ledger
+
+One release per run directory: the AIM baseline is a run of its own (``dpsynth_core.tabular.
+aim_run``). Before the run directory exists, the whole private file is checked against the public
+schema and delta against its size, so a bad file or config leaves nothing behind. Every stage
+that needs private rows reads them from their source itself (:mod:`.private_data`); a stage
+function gets only the config and the run directory path.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+
+from dpsynth_core.errors import ConfigError
+from dpsynth_core.files import atomic_write_text
+from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir
+from dpsynth_core.tabular import private_data
+from dpsynth_core.tabular.config import DpFairConfig, TableRunConfig
+from dpsynth_core.tabular.schema import TableSchema, load_schema
+
+STAGES = ["prepare", "fair_stats", "train", "generate", "evaluate", "reference", "release"]
+EXECUTION_ONLY = ("use_ray", "resources")  # config keys that change how a run executes, not its outputs
+
+Runner = Callable[..., dict]
+
+
+def local_runner(fn: Callable[..., dict], cfg: DpFairConfig, root: str) -> dict:
+    """Run a stage in this process."""
+    return fn(cfg, root)
+
+
+# ---- shared helpers ------------------------------------------------------------------------------
+def public_schema(cfg: DpFairConfig) -> TableSchema:
+    """The public schema restricted to the run's columns; fairness settings checked against it."""
+    schema = load_schema(cfg.schema_path).select(cfg.columns)
+    sensitive = sensitive_column(cfg, schema)
+    if cfg.fairness.enabled and (sensitive is None or schema.target is None):
+        raise ConfigError(f"{cfg.schema_path}: fairness terms need a sensitive column and a target in the schema")
+    if sensitive is not None:
+        schema.column(sensitive)
+    return schema
+
+
+def sensitive_column(cfg: DpFairConfig, schema: TableSchema) -> str | None:
+    return cfg.fairness.sensitive or (schema.sensitive[0] if schema.sensitive else None)
+
+
+def resolved_schema(root: Path) -> TableSchema:
+    return TableSchema.model_validate_json((Path(root) / "schema_resolved.json").read_text())
+
+
+def _ledger(root: Path):
+    from dpsynth_core.privacy import PrivacyLedger
+
+    return PrivacyLedger.open(root)
+
+
+def _write_csv(frame: pd.DataFrame, path: Path) -> None:
+    atomic_write_text(path, frame.to_csv(index=False))
+
+
+# ---- stages: each takes (config, run dir) and returns a small JSON summary (no private value) -----
+def stage_prepare(cfg: DpFairConfig, root: str) -> dict:
+    """Draw the working subset; DP bounds / categories for `domain: dp` columns (+ "other" buckets)."""
+    return prepare_domain(cfg, Path(root), public_schema(cfg))
+
+
+def prepare_domain(cfg: TableRunConfig, run: Path, schema: TableSchema) -> dict:
+    """The first stage of a tabular run: the secret working subset, then `domain: dp` columns under DP."""
+    from dpsynth_core.tabular.dp_domain import estimate_domain
+
+    raw = private_data.private_rows(cfg, run, first_stage=True)
+    resolved = estimate_domain(schema, raw, epsilon=cfg.epsilon * cfg.budget.domain, ledger=_ledger(run))
+    resolved = resolved.with_other_buckets()  # post-processing of the DP output
+    resolved.validate_frame(raw, private_data.source_name(cfg))  # cannot fail after preflight: checked, not spent
+    atomic_write_text(run / "schema_resolved.json", resolved.model_dump_json(indent=2))
+    return {"columns": resolved.names}
+
+
+def stage_fair_stats(cfg: DpFairConfig, root: str) -> dict:
+    """Fairness targets t = P(Y), w[a, y] from one DP histogram of the public |A| x |Y| grid."""
+    from dpsynth_core.tabular.dp_domain import dp_group_label_table
+    from dpsynth_core.tabular.fairness import FairnessTargets
+
+    run = Path(root)
+    schema = resolved_schema(run)
+    sensitive = sensitive_column(cfg, schema)
+    private = private_data.load_private(cfg, run, schema)
+    counts = dp_group_label_table(private, schema, sensitive, epsilon=cfg.epsilon * cfg.budget.fair_stats,  # type: ignore[arg-type]
+                                  ledger=_ledger(run))
+    targets = FairnessTargets.from_counts(counts, sensitive, target_y=cfg.fairness.target_y)  # type: ignore[arg-type]
+    atomic_write_text(run / "fair_targets.json", json.dumps(targets.__dict__, indent=2))
+    return {"sensitive": sensitive}
+
+
+def stage_model(cfg: DpFairConfig, root: str) -> dict:
+    """``train`` then ``generate`` in one process (the model is loaded once): the Ray task.
+
+    Reads the private rows from their source itself; its arguments are the config and a path.
+    """
+    import torch
+
+    from dpsynth_core.tabular.serialize import RowSerializer
+
+    run = Path(root)
+    marks = StageMarkers(run)
+    schema = resolved_schema(run)
+    ser = RowSerializer(schema, separator=cfg.serialization.separator, prefix=cfg.serialization.prefix,  # type: ignore[arg-type]
+                        random_order=cfg.serialization.random_order, seed=cfg.training.seed)
+    if cfg.training.torch_threads:
+        torch.set_num_threads(cfg.training.torch_threads)
+    if not marks.done("train"):
+        marks.mark("train", _train(cfg, run, schema, ser))
+    if not marks.done("generate"):
+        marks.mark("generate", _generate(cfg, run, ser, Path(marks.summary("train")["adapter_dir"])))
+    return {"train": marks.summary("train"), "generate": marks.summary("generate")}
+
+
+def _train(cfg: DpFairConfig, run: Path, schema: TableSchema, ser) -> dict:
+    from dpsynth_core.dpsgd import DpSgdConfig, TrainExample, train_dp_lora
+
+    t, ledger = cfg.training, _ledger(run)
+    private = private_data.load_private(cfg, run, schema)
+    examples = [TrainExample(prompt=p, target=x) for p, x in ser.examples(private)]
+    penalty = None
+    if cfg.fairness.enabled:
+        from dpsynth_core.models import load_tokenizer
+        from dpsynth_core.tabular.constrained import RowConstraint
+        from dpsynth_core.tabular.fairness import FairnessPenalty, FairnessTargets
+
+        targets = FairnessTargets(**json.loads((run / "fair_targets.json").read_text()))
+        penalty = FairnessPenalty(RowConstraint(ser, load_tokenizer(t.model)), schema, targets,
+                                  cfg.fairness.lambda_dp, cfg.fairness.lambda_eo)
+    # DP-SGD is the last DP stage: start from what is left by plain subtraction, then fill_budget
+    # lowers the noise until the ledger's (sub-additive) composed total reaches the budget.
+    dcfg = DpSgdConfig(
+        model=t.model, lora=t.lora, epsilon=ledger.remaining_epsilon() * 0.995, steps=t.steps,
+        expected_batch_size=t.expected_batch_size, physical_batch_size=t.physical_batch_size,
+        learning_rate=t.learning_rate, max_grad_norm=t.max_grad_norm, clipping=t.clipping,  # type: ignore[arg-type]
+        max_seq_len=t.max_seq_len, seed=t.seed, torch_threads=t.torch_threads, fill_budget=True,
+    )
+    res = train_dp_lora(examples, dcfg, output_dir=run / "train", ledger=ledger, stage="dpsgd", per_example_penalty=penalty)
+    return {"epsilon": res.epsilon, "noise_multiplier": res.noise_multiplier, "steps": res.steps,
+            "adapter_dir": str(res.adapter_dir)}
+
+
+def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path) -> dict:
+    from dpsynth_core.dpsgd import load_generator
+    from dpsynth_core.privacy import PostProcessingEvent
+    from dpsynth_core.tabular.generation import generate_rows
+
+    ledger = _ledger(run)
+    model, tok = load_generator(cfg.training.model, adapter)
+    ledger.check("generate", PostProcessingEvent())
+    t0 = time.time()
+    gen = generate_rows(model, tok, ser, cfg.generation)
+    _write_csv(gen.frame, run / "synthetic.csv")
+    ledger.record("generate", PostProcessingEvent(), details={"rows": len(gen.frame)})
+    return {"rows": len(gen.frame), "attempted": gen.attempted, "invalid": gen.invalid, "rejected": gen.rejected,
+            "valid_fraction": gen.valid_fraction, "seconds": time.time() - t0, "gap_history": gen.gap_history[-5:]}
+
+
+def stage_evaluate(cfg: DpFairConfig, root: str) -> dict:
+    """Owner-side report on real data (TSTR, TVD, fairness, DCR + MIA): not a DP release."""
+    from dpsynth_core.tabular.evaluate import evaluate_table, summary_row
+
+    run = Path(root)
+    schema = resolved_schema(run)
+    sensitive = sensitive_column(cfg, schema)
+    private = private_data.load_private(cfg, run, schema)
+    synth = pd.read_csv(run / "synthetic.csv", keep_default_na=False)
+    report = evaluate_table(synth, private, private_data.load_test(cfg), schema, out_dir=run / "eval",
+                            privacy=cfg.evaluate_privacy)
+    ledger = _ledger(run)
+    return {"method": "dpfairllm", "epsilon": ledger.total_epsilon(), "delta": ledger.delta,
+            "valid_fraction": StageMarkers(run).summary("generate")["valid_fraction"],
+            **(summary_row(report, sensitive) if sensitive and schema.target else {})}
+
+
+def stage_reference(cfg: DpFairConfig, root: str) -> dict:
+    """The TSTR classifiers trained on the real working set (owner-side, no release); its TVD row is a
+    real holdout sample of the synthetic size vs the working set (the floor a perfect generator reaches)."""
+    from dpsynth_core.tabular.evaluate import marginal_tvd, summary_row, tstr
+
+    run = Path(root)
+    schema = resolved_schema(run)
+    sensitive = sensitive_column(cfg, schema)
+    private = private_data.load_private(cfg, run, schema)
+    real_test = schema.validate_frame(private_data.load_test(cfg), "real test")
+    ref = {"tstr": tstr(private, real_test, schema, cfg.data.seed)}
+    holdout = real_test.sample(min(len(real_test), cfg.generation.num_rows), random_state=cfg.data.seed)
+    ref["fidelity"] = marginal_tvd(holdout, private, schema)
+    return {"method": "real data", "epsilon": None, "valid_fraction": 1.0, **(summary_row(ref, sensitive) if sensitive else {})}
+
+
+def stage_release(cfg: DpFairConfig, root: str) -> dict:
+    """``release/``: the synthetic table, the DP adapter, the DP schema / targets and the ledger."""
+    from dpsynth_core.release import write_release
+
+    run = Path(root)
+    items: dict[str, Path] = {"synthetic.csv": run / "synthetic.csv", "schema_resolved.json": run / "schema_resolved.json",
+                              "adapter": Path(StageMarkers(run).summary("train")["adapter_dir"])}
+    if (run / "fair_targets.json").is_file():
+        items["fair_targets.json"] = run / "fair_targets.json"
+    ledger = _ledger(run)
+    write_release(run, items, ledger=ledger, method="dpfairllm")
+    atomic_write_text(run / "ledger.txt", ledger.render())
+    return {"files": sorted(items)}
+
+
+# ---- orchestration ---------------------------------------------------------------------------------
+def _wanted(cfg: DpFairConfig, schema: TableSchema) -> list[str]:
+    skip = set()
+    if not cfg.fairness.enabled:
+        skip.add("fair_stats")
+    if not (cfg.evaluate_reference and schema.target is not None):
+        skip.add("reference")
+    return [s for s in STAGES if s not in skip]
+
+
+def run_dpfair(cfg: DpFairConfig, *, resume: bool = True, runner: Runner = local_runner) -> Path:
+    """Run every DPFairLLM stage not yet finished; return the run directory.
+
+    ``runner(stage_model, cfg, run_dir)`` runs the heavy stage (in this process by default).
+    """
+    from dpsynth_core.privacy import PrivacyLedger
+
+    schema = public_schema(cfg)
+    _, delta = private_data.preflight(cfg, schema)  # before anything is written
+    root = open_run_dir(cfg.run_dir(), cfg.model_dump(mode="json"), resume=resume, ignore=EXECUTION_ONLY)
+    marks, stages = StageMarkers(root), _wanted(cfg, schema)
+    if all(marks.done(s) for s in stages):
+        announce_finished(root)
+        return root
+    if not (root / "ledger.sqlite").is_file():
+        PrivacyLedger.create(root, cfg.name, cfg.epsilon, delta)
+    local = {"prepare": stage_prepare, "fair_stats": stage_fair_stats, "evaluate": stage_evaluate,
+             "reference": stage_reference, "release": stage_release}
+    for name in stages:
+        if marks.done(name):
+            continue
+        if name in ("train", "generate"):
+            runner(stage_model, cfg, str(root.resolve()))  # marks train and generate itself
+            continue
+        t0 = time.perf_counter()
+        summary = local[name](cfg, str(root))
+        marks.mark(name, {"seconds": round(time.perf_counter() - t0, 2), **summary})
+    return root
