@@ -28,7 +28,7 @@ def _write_config(tmp_path: Path, name: str, **overrides) -> Path:
             {"model": "tiny-llama", "name": "tiny-b", "backend": "hf", "temperature": 1.3, "seed": 2, "batch_size": 8},
         ],
         "epsilon": 4.0, "iterations": 2, "num_synthetic": 18, "q": 3, "select_per_class": 2,
-        "max_new_tokens": 8, "seed": 0, "noise_seed": 7, "evaluate": False,
+        "max_new_tokens": 8, "seed": 0, "evaluate": False,
     }
     cfg.update(overrides)
     path = tmp_path / f"{name}.yaml"
@@ -166,7 +166,7 @@ def test_crash_after_vote_reuses_the_noisy_release(biorxiv_csv, tmp_path):
                 raise ConnectionError("PLM endpoint went away")
             return self.inner.generate(prompts, params)
 
-    path = _write_config(tmp_path, "wasp_crash", noise_seed=None)
+    path = _write_config(tmp_path, "wasp_crash")
     run_dir = tmp_path / "wasp_crash"
     with pytest.raises(ConnectionError):
         run_pipeline(path, "wasp", lambda plms: [DropsSecondCall(m) for m in make_llms(plms)])

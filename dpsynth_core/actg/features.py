@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dpsynth_core.actg.aim_mechanism import make_aim, sample_rows
 from dpsynth_core.actg.schema import AttributeSchema
 from dpsynth_core.errors import ConfigError, DataError
 
@@ -75,18 +76,6 @@ def _public_transformer(schema: AttributeSchema, columns: list[str]):
     return tt
 
 
-def _make_aim(epsilon: float, delta: float, rho: float, **aim_kwargs):
-    """An AIM synthesizer that spends exactly ``rho`` (the value we record)."""
-    from snsynth.aim import AIMSynthesizer
-
-    class _RecordedRhoAIM(AIMSynthesizer):
-        def AIM(self, data, workload):  # noqa: N802 (smartnoise's name)
-            self.rho = rho
-            return super().AIM(data, workload)
-
-    return _RecordedRhoAIM(epsilon=epsilon, delta=delta, **aim_kwargs)
-
-
 def synthesize_features(
     real: pd.DataFrame,
     schema: AttributeSchema,
@@ -105,7 +94,8 @@ def synthesize_features(
     ``n_rows`` synthetic rows (shuffled; AIM emits them sorted). Checks the ledger before
     touching the data and records ``ZCdpEvent(rho)`` after. ``aim_kwargs`` go to
     ``AIMSynthesizer`` (e.g. ``max_model_size``, ``rounds``, ``degree``).
-    ``seed`` seeds numpy's global RNG used by AIM/mbi (reproducibility, not cryptographic noise).
+    AIM's selection and measurement noise come from OS entropy (``aim_mechanism``); ``seed`` only
+    seeds the post-processing: sampling rows from the fitted model and their shuffle.
     Writes ``out_path`` (CSV) atomically when given."""
     from dpsynth_core.privacy import ZCdpEvent
 
@@ -124,15 +114,13 @@ def synthesize_features(
     sub.validate_table(real, source=source)
     data = real[columns].astype(str).reset_index(drop=True)
 
-    if seed is not None:
-        np.random.seed(seed)
-    aim = _make_aim(epsilon, delta, rho, **aim_kwargs)
+    aim = make_aim(epsilon, delta, rho, **aim_kwargs)
     transformer = _public_transformer(schema, columns)
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         # AIM prints progress (sigma, cliques); mbi warns about its own pandas input path.
         warnings.filterwarnings("ignore", category=UserWarning, module=r"mbi(\..*)?")
         aim.fit(data, transformer=transformer, categorical_columns=columns)
-        sampled = aim.sample(n_rows)
+        sampled = sample_rows(aim, n_rows, seed)  # post-processing: the config seed is allowed here
     ledger.record(stage, event, details={
         "mechanism": "AIM (smartnoise-synth)", "epsilon_target": epsilon, "delta": delta,
         "rho": rho, "epsilon_of_event": event_eps, "columns": columns, "n_rows": n_rows,

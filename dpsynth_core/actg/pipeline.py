@@ -46,10 +46,11 @@ import yaml
 from pydantic import Field, field_validator, model_validator
 
 from dpsynth_core.actg.anchored_rl import AnchoredRLConfig
+from dpsynth_core.actg.data_split import load_private_split
 from dpsynth_core.actg.extractors import ExtractorConfig
 from dpsynth_core.actg.generator import GenerationSettings
 from dpsynth_core.config import StrictConfig, load_config
-from dpsynth_core.errors import ConfigError, DataError
+from dpsynth_core.errors import ConfigError
 from dpsynth_core.files import atomic_write_text
 
 STAGES_ACTG = ["schema", "private", "generate", "best_of_n", "anchored_rl", "synthesize", "evaluate"]
@@ -66,10 +67,10 @@ class DataSettings(StrictConfig):
     path: Path | None = None
     text_col: str = "abstract"
     label_col: str = "category"
-    n_records: int = Field(300, ge=4)     # private training records
-    n_eval: int = Field(200, ge=2)        # held-out real texts for evaluation (disjoint)
+    n_records: int = Field(300, ge=4)     # expected private records: secret Bernoulli sample of the pool
+    n_eval: int = Field(200, ge=2)        # held-out real texts for evaluation (owner-side, disjoint)
     max_chars: int = Field(1500, ge=50)   # training targets are cut here (the model sees max_seq_len anyway)
-    seed: int = 0
+    seed: int = 0                         # held-out split only (public); never the private selection
     text_description: str = "bioRxiv preprint abstract"
 
 
@@ -255,11 +256,14 @@ def _without_stop(snapshot: str) -> dict:
 
 
 def open_or_create_ledger(cfg: ActgConfig, root: Path):
-    from dpsynth_core.privacy import PrivacyLedger, default_delta
+    """delta: 1/(m ln m) for the configured (public) m = data.n_records by default; an explicit
+    privacy.delta must be below 1/m (never computed from the drawn set's size, which is private)."""
+    from dpsynth_core.privacy import PrivacyLedger, check_delta_for_size, default_delta
 
     if (root / "ledger.sqlite").is_file():
         return PrivacyLedger.open(root)
-    delta = cfg.privacy.delta or default_delta(cfg.data.n_records)
+    m = cfg.data.n_records
+    delta = check_delta_for_size(cfg.privacy.delta, m, "privacy.delta") if cfg.privacy.delta else default_delta(m)
     return PrivacyLedger.create(root, dataset=cfg.name, epsilon_budget=cfg.privacy.epsilon, delta=delta)
 
 
@@ -294,29 +298,6 @@ def _schema(cfg: ActgConfig, root: Path):
 
     rd = RunDir(root)
     return load_schema(rd.schema if rd.schema.is_file() else cfg.resolved(cfg.schema_path))
-
-
-def load_private_split(cfg: ActgConfig):
-    """(train frame, held-out eval frame): a seeded disjoint split of the private corpus."""
-    import numpy as np
-
-    from dpsynth_core.data import load_biorxiv, load_records
-
-    d = cfg.data
-    if d.path is None:
-        frame = load_biorxiv()
-    else:
-        frame = load_records(cfg.resolved(d.path), text_col=d.text_col, label_col=d.label_col)
-    for col in (d.text_col,):
-        if col not in frame.columns:
-            raise DataError(f"{d.path or 'biorxiv'}: column '{col}' not found (data.text_col)")
-    need = d.n_records + d.n_eval
-    if len(frame) < need:
-        raise DataError(f"{d.path or 'biorxiv'}: {len(frame)} rows, but data.n_records + data.n_eval = {need}")
-    order = np.random.default_rng(d.seed).permutation(len(frame))
-    train = frame.iloc[order[: d.n_records]].reset_index(drop=True)
-    held_out = frame.iloc[order[d.n_records: need]].reset_index(drop=True)
-    return train, held_out
 
 
 def stage_schema(cfg: ActgConfig, root: str) -> dict:

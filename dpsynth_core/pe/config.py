@@ -39,10 +39,12 @@ class PEDataConfig(StrictConfig):
     label_col: str = "category"
     # Required and public: choosing classes from label counts would read the private data.
     classes: list[str] | None = None
-    num_private: int = Field(100, ge=1)  # M, split evenly over classes
-    num_test: int = Field(250, ge=0)  # real held-out, disjoint from the private samples
+    # M: expected size of the private working set, drawn from the file (minus the held-out rows) by
+    # secret Bernoulli sampling at rate M / pool size; the whole pool when it has <= M rows.
+    num_private: int = Field(100, ge=2)
+    num_test: int = Field(250, ge=0)  # real held-out (owner-side evaluation), disjoint from the private pool
     max_chars: int = Field(1500, ge=50)
-    seed: int = 0
+    seed: int = 0  # the held-out split only (public, content-keyed); the private set is drawn secretly
 
     @model_validator(mode="after")
     def _check_classes(self) -> PEDataConfig:
@@ -77,8 +79,10 @@ class PEConfig(StrictConfig):
     weight_floor: float = Field(0.05, ge=0, lt=1)
     max_new_tokens: int = Field(96, ge=1)
     federated_parties: int = Field(1, ge=1)  # L > 1: each party adds N(0, (sigma/sqrt(L))^2)
-    seed: int = 0  # generation seeds and data split
-    noise_seed: int | None = None  # None: fresh OS entropy for the DP noise (use an int only in tests)
+    seed: int = 0  # generation seeds (post-processing); never DP noise or the private selection
+    # Test-only: None draws the DP noise from OS entropy. An int is refused unless DPSYNTH_TEST_MODE=1,
+    # and the run's ledger is then marked "not private" (the seed is public in config.yaml).
+    noise_seed: int | None = None
     evaluate: bool = True
     baselines: bool = False  # also evaluate "private samples only" (non-DP reference) and zero-shot generation
     parallel_plms: bool = True  # False: call the PLMs one after another (timing comparison only)
@@ -86,6 +90,9 @@ class PEConfig(StrictConfig):
 
     @model_validator(mode="after")
     def _check(self) -> PEConfig:
+        from dpsynth_core.privacy.randomness import refuse_pinned_dp_seed
+
         if self.data.source == "file" and self.data.path is None:
             raise ValueError("data.path is required when data.source is 'file'")
+        refuse_pinned_dp_seed("noise_seed", self.noise_seed)
         return self

@@ -17,11 +17,12 @@ import numpy as np
 import yaml
 
 from dpsynth_core.config import load_config
-from dpsynth_core.errors import ConfigError, DataError
+from dpsynth_core.errors import ConfigError
 from dpsynth_core.pe.callbacks import Callback, CheckpointCallback, MetricsLogger
 from dpsynth_core.files import atomic_write_text
 from dpsynth_core.pe.checkpoint import RunState, VoteStore, load_latest_checkpoint
 from dpsynth_core.pe.config import PEConfig, PLMConfig
+from dpsynth_core.pe.data_split import split_data
 from dpsynth_core.pe.embedding import Embedding, SentenceEmbedding
 from dpsynth_core.pe.evaluate import evaluate_synthetic
 from dpsynth_core.pe.llm import LLM
@@ -37,46 +38,6 @@ def load_pe_config(path: str | Path, method: str) -> PEConfig:
     if cfg.method != method:
         raise ConfigError(f"{path}: field 'method' is '{cfg.method}' but this driver runs '{method}'")
     return cfg
-
-
-def split_data(cfg: PEConfig) -> tuple[PrivateData, list[str], list[str], list[str]]:
-    """(private, test_texts, test_labels, classes): M private records (M/C per class) and a
-    disjoint real held-out test set, both stratified and seeded."""
-    d = cfg.data
-    if d.source == "biorxiv":
-        from dpsynth_core.data import load_biorxiv
-
-        frame = load_biorxiv()
-        where = "bioRxiv"
-    else:
-        from dpsynth_core.data import load_records
-
-        frame = load_records(d.path, text_col=d.text_col, label_col=d.label_col)
-        where = str(d.path)
-    for col in (d.text_col, d.label_col):
-        if col not in frame.columns:
-            raise DataError(f"{where}: column '{col}' not found")
-    labels = frame[d.label_col].astype(str)
-    if not d.classes:  # the config validator requires them; never fall back to label counts
-        raise ConfigError("data.classes is required (public label names)")
-    classes = list(d.classes)
-    unknown = [c for c in classes if c not in set(labels)]
-    if unknown:
-        raise ConfigError(f"data.classes: {unknown} not found in column '{d.label_col}' of {where}")
-    rng = np.random.default_rng(d.seed)
-    per_private = np.bincount(np.arange(d.num_private) % len(classes), minlength=len(classes))
-    per_test = np.bincount(np.arange(d.num_test) % len(classes), minlength=len(classes))
-    priv_idx: list[int] = []
-    test_idx: list[int] = []
-    for c, m, n in zip(classes, per_private, per_test):
-        idx = rng.permutation(np.flatnonzero((labels == c).to_numpy()))
-        if len(idx) < m + n:
-            raise DataError(f"{where}: class '{c}' has {len(idx)} rows, need {m + n} (private + test)")
-        priv_idx += idx[:m].tolist()
-        test_idx += idx[m : m + n].tolist()
-    texts = frame[d.text_col].astype(str).str.slice(0, d.max_chars)
-    private = PrivateData([texts.iloc[i] for i in priv_idx], [labels.iloc[i] for i in priv_idx])
-    return private, [texts.iloc[i] for i in test_idx], [labels.iloc[i] for i in test_idx], classes
 
 
 def prepare_run_dir(cfg: PEConfig, config_text: str, resume: bool) -> Path:
@@ -95,12 +56,15 @@ def prepare_run_dir(cfg: PEConfig, config_text: str, resume: bool) -> Path:
     return run_dir
 
 
-def open_ledger(cfg: PEConfig, run_dir: Path, num_private: int):
-    from dpsynth_core.privacy import LEDGER_FILE, PrivacyLedger, default_delta
+def open_ledger(cfg: PEConfig, run_dir: Path):
+    """The run's ledger; delta defaults to 1/(M ln M) for the configured (public) M = data.num_private,
+    never for the drawn set's size, which is private. An explicit delta must be below 1/M."""
+    from dpsynth_core.privacy import LEDGER_FILE, PrivacyLedger, check_delta_for_size, default_delta
 
     if (run_dir / LEDGER_FILE).is_file():
         return PrivacyLedger.open(run_dir)
-    delta = cfg.delta if cfg.delta is not None else default_delta(num_private)
+    m = cfg.data.num_private
+    delta = check_delta_for_size(cfg.delta, m, "delta") if cfg.delta is not None else default_delta(m)
     return PrivacyLedger.create(run_dir, cfg.dataset_name, epsilon_budget=cfg.epsilon, delta=delta)
 
 
@@ -139,7 +103,7 @@ def plot_weights(run_dir: Path, state: RunState, names: list[str]) -> Path | Non
 def execute(cfg: PEConfig, run_dir: Path, llms: Sequence[LLM], private: PrivateData, classes: list[str],
             embedding: Embedding, callbacks: Sequence[Callback] = (), resume: bool = True) -> RunState:
     """Run the loop in ``run_dir`` (resuming from its latest checkpoint when ``resume``)."""
-    ledger = open_ledger(cfg, run_dir, len(private.texts))
+    ledger = open_ledger(cfg, run_dir)
     cbs = [MetricsLogger(run_dir), CheckpointCallback(run_dir), *callbacks]
     runner = make_runner(cfg, llms, embedding, ledger, classes, cbs, run_dir)
     state = load_latest_checkpoint(run_dir) if resume else None
@@ -220,7 +184,7 @@ def run_pipeline(config_path: str | Path, method: str, make_llms: LLMFactory, re
     from dpsynth_core.privacy import PrivacyLedger
 
     ledger = PrivacyLedger.open(run_dir)
-    metrics = {"method": method, "classes": classes, "num_private": len(private.texts),
+    metrics = {"method": method, "classes": classes, "num_private_expected": cfg.data.num_private,
                "num_synthetic": len(state.population), "iterations": cfg.iterations,
                "run_seconds": round(seconds, 2), "plms": names, "history": state.history,
                "privacy": ledger.to_dict()}

@@ -10,6 +10,7 @@ synthetic samples and public label names (post-processing).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from dpsynth_core.pe.llm import LLM, GenerationParams
 from dpsynth_core.pe.population import Population, resample_per_class, top_per_class
 from dpsynth_core.pe.prompts import PromptSet
 from dpsynth_core.pe.weights import allocate_budget, update_plm_weights
+from dpsynth_core.privacy.randomness import secure_rng
 
 log = logging.getLogger(__name__)
 VOTE_STAGE = {"wasp": "wasp.topq_vote", "augpe": "augpe.nn_vote"}
@@ -127,8 +129,29 @@ class PERunner:
 
     def _noise_rng(self, iteration: int) -> np.random.Generator:
         if self.cfg.noise_seed is None:
-            return np.random.default_rng()  # OS entropy: the noise is not reproducible on purpose
+            return secure_rng()  # OS entropy: the noise is not reproducible on purpose
+        # Test-only (config refuses it outside DPSYNTH_TEST_MODE; the ledger says "not private").
         return np.random.default_rng([self.cfg.noise_seed, iteration])
+
+    def _federated_details(self) -> dict:
+        """What holds per party when L parties each add N(0, (sigma / sqrt L)^2) and the sum is formed
+        WITHOUT secure aggregation: whoever sees one party's message (the aggregator) sees that
+        party's records protected by noise multiplier z / sqrt(L) over T votes, i.e. a larger epsilon
+        than the released sum's (which carries N(0, sigma^2): the ledger's event)."""
+        from dpsynth_core.privacy import gaussian_epsilon
+
+        assert isinstance(self.mechanism, FederatedGaussianMechanism)
+        party_nm = self.noise_multiplier / math.sqrt(self.mechanism.parties)
+        delta, t = self.ledger.delta, self.cfg.iterations
+        return {
+            "parties": self.mechanism.parties, "secure_aggregation": False,
+            "party_sigma": self.mechanism.party_sigma, "party_noise_multiplier": party_nm,
+            "epsilon_released_sum": gaussian_epsilon(self.noise_multiplier, t, delta),
+            "epsilon_per_party_message": gaussian_epsilon(party_nm, t, delta),
+            "guarantee": "the released (summed) votes satisfy the ledger's epsilon for every record; a party's "
+                         "own noisy message, as seen by the aggregator without secure aggregation, satisfies "
+                         "only epsilon_per_party_message for that party's records (at the ledger's delta)",
+        }
 
     def _record_privacy(self) -> None:
         """Check then record the T-fold Gaussian mechanism once, before the first vote."""
@@ -143,7 +166,11 @@ class PERunner:
             "sensitivity_l2": self.histogram.sensitivity, "sigma": self.mechanism.sigma,
             "q": self.cfg.q if self.cfg.method == "wasp" else None,
             "federated_parties": self.cfg.federated_parties, "iterations": self.cfg.iterations,
+            "noise": "OS entropy" if self.cfg.noise_seed is None else "pinned noise_seed (test only)",
+            **({"federated": self._federated_details()} if self.cfg.federated_parties > 1 else {}),
         })
+        if self.cfg.noise_seed is not None:
+            self.ledger.mark_not_private(stage, "noise_seed pins the vote noise to a public seed (test only)")
         if not any(e.stage == GEN_STAGE[self.cfg.method] for e in self.ledger.entries()):
             self.ledger.record(GEN_STAGE[self.cfg.method], PostProcessingEvent(),
                                details={"what": "prompting PLMs with synthetic samples and label names"})

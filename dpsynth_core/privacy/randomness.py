@@ -10,7 +10,11 @@ model, shuffling synthetic rows).
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import os
 import secrets
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -46,3 +50,77 @@ def bernoulli_subsample(n: int, expected: int, rng: np.random.Generator | None =
         return np.arange(n)
     rng = rng if rng is not None else secure_rng()
     return np.flatnonzero(rng.random(n) < expected / n)
+
+
+# ---------------------------------------------------------------------------------------------
+# Test-only knobs that pin DP randomness
+# ---------------------------------------------------------------------------------------------
+TEST_MODE_ENV = "DPSYNTH_TEST_MODE"
+
+
+def test_mode_enabled() -> bool:
+    """True when ``DPSYNTH_TEST_MODE=1``: only then may a test pin DP randomness with a seed."""
+    return os.environ.get(TEST_MODE_ENV, "") == "1"
+
+
+def refuse_pinned_dp_seed(field: str, value: object) -> None:
+    """Refuse a config value that would make DP noise reproducible, unless in test mode.
+
+    A pinned noise seed sits in ``config.yaml`` next to the released outputs, so anyone can redraw
+    the noise and subtract it. Tests may still pin it (``DPSYNTH_TEST_MODE=1``); the run's ledger
+    is then marked "not private" by the caller.
+    """
+    if value is not None and not test_mode_enabled():
+        raise ValueError(
+            f"'{field}' pins the DP noise to a public seed, so the stated epsilon would not hold; "
+            f"it is a test-only knob (set {TEST_MODE_ENV}=1 in tests) -- leave it unset for OS entropy"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Numpy's global RNG for post-processing only
+# ---------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def seeded_global_numpy(seed: int | None):
+    """Seed numpy's global RNG for a post-processing step (sampling rows from a DP model) and
+    restore the previous state afterwards, so the config seed reaches nothing else.
+
+    Not thread-safe (numpy's global RNG is process-wide): call from one thread at a time. With
+    ``seed=None`` the global RNG is left alone.
+    """
+    if seed is None:
+        yield
+        return
+    saved = np.random.get_state()
+    np.random.seed(seed % 2**32)
+    try:
+        yield
+    finally:
+        np.random.set_state(saved)
+
+
+# ---------------------------------------------------------------------------------------------
+# Owner-side held-out split that keeps neighbouring files neighbouring
+# ---------------------------------------------------------------------------------------------
+def content_rank_keys(contents: Sequence[str], seed: int) -> np.ndarray:
+    """A public, reproducible pseudo-random key per row, computed from that row's content only.
+
+    The held-out evaluation rows are those with the smallest keys. Because a row's key does not
+    depend on any other row, adding or removing one record moves at most one other row between
+    the held-out set and the rest: the private pools of neighbouring files stay neighbours, which a
+    seeded permutation of the whole file does not guarantee.
+    """
+    key = int(seed).to_bytes(16, "little", signed=True)
+    return np.array(
+        [int.from_bytes(hashlib.blake2b(str(c).encode("utf-8"), digest_size=8, key=key).digest(), "little")
+         for c in contents],
+        dtype=np.uint64,
+    )
+
+
+def content_keyed_holdout(contents: Sequence[str], count: int, seed: int) -> np.ndarray:
+    """Indices (sorted) of the ``count`` rows with the smallest content keys (see ``content_rank_keys``)."""
+    if count <= 0:
+        return np.array([], dtype=int)
+    keys = content_rank_keys(contents, seed)
+    return np.sort(np.argsort(keys, kind="stable")[:count])

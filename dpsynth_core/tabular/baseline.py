@@ -4,7 +4,9 @@ The snsynth transformer is fit on a *public* frame built from the schema (every 
 numeric bounds), never on the private data, so it spends no budget and learns nothing. Numeric
 columns are binned into ``bins`` equal-width bins over the public bounds and decoded back to bin
 values. AIM's zCDP budget rho = cdp_rho(epsilon, delta) is checked and recorded in the ledger as
-a ``ZCdpEvent``. AIM prints progress to stdout: it is suppressed. Its output comes sorted:
+a ``ZCdpEvent``. AIM's selection and measurement noise come from OS entropy
+(``actg.aim_mechanism``); ``seed`` only seeds post-processing (sampling rows from the fitted
+model, shuffling them). AIM prints progress to stdout: it is suppressed. Its output comes sorted:
 shuffled.
 """
 
@@ -43,10 +45,10 @@ def aim_synthesize(
     seed: int = 0,
 ) -> pd.DataFrame:
     """Fit AIM on ``real`` (validated against ``schema``) and sample ``num_rows`` rows."""
-    from snsynth import Synthesizer
     from snsynth.transform import BinTransformer, LabelTransformer, TableTransformer
     from snsynth.utils import cdp_rho
 
+    from dpsynth_core.actg.aim_mechanism import make_aim, sample_rows
     from dpsynth_core.privacy import ZCdpEvent
 
     real = schema.validate_frame(real, "AIM input")
@@ -59,11 +61,10 @@ def aim_synthesize(
     ]
     tt = TableTransformer(transformers)
     tt.fit(_public_frame(schema, bins))  # public: no epsilon, no private data
-    np.random.seed(seed)  # AIM samples with the global numpy RNG
-    synth = Synthesizer.create("aim", epsilon=float(epsilon), delta=float(ledger.delta), verbose=False)
+    synth = make_aim(float(epsilon), float(ledger.delta), verbose=False)  # secret selection noise
     with contextlib.redirect_stdout(io.StringIO()):
         synth.fit(real, transformer=tt, preprocessor_eps=0.0)
-        out = synth.sample(num_rows or len(real))
+        out = sample_rows(synth, num_rows or len(real), seed)  # post-processing: seeded sampling only
     ledger.record(stage, event, details={"synthesizer": "aim", "epsilon": epsilon, "delta": ledger.delta, "bins": bins})
     out = pd.DataFrame(out, columns=schema.names)
     for c in schema.columns:

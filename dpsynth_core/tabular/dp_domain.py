@@ -7,6 +7,9 @@ Neighbouring data sets differ by adding or removing one record (the same relatio
 DP-SGD). One record adds 1 to exactly one cell of each histogram it is counted in, so each
 histogram has L2 sensitivity 1 and ``k`` histograms are ``k`` compositions of the Gaussian
 mechanism with ``noise_multiplier = sigma``.
+
+The noise comes from OS entropy (``privacy.randomness.secure_rng``), a fresh generator per
+mechanism: a config seed is public, and noise drawn from it can be rebuilt and subtracted.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ NUM_CANDIDATE_BINS = 64
 
 def _privacy():
     from dpsynth_core import privacy
+    from dpsynth_core.privacy import randomness  # noqa: F401 (P.randomness below)
 
     return privacy
 
@@ -38,7 +42,6 @@ def estimate_domain(
     epsilon: float,
     ledger,
     stage: str = "dp_domain",
-    seed: int = 0,
 ) -> TableSchema:
     """Resolve every ``domain: dp`` column of ``schema`` with noisy histograms over public candidates.
 
@@ -57,7 +60,7 @@ def estimate_domain(
     sigma = P.calibrate_gaussian_noise(epsilon, ledger.delta, compositions=len(todo))
     event = P.GaussianEvent(noise_multiplier=sigma, compositions=len(todo))
     ledger.check(stage, event)  # before touching the data
-    rng = np.random.default_rng(seed)
+    rng = P.randomness.secure_rng()  # secret noise: never from a config seed
     resolved: dict[str, ColumnSpec] = {}
     for col in todo:
         if col.name not in df.columns:
@@ -93,7 +96,6 @@ def dp_group_label_table(
     epsilon: float,
     ledger,
     stage: str = "dp_fair_stats",
-    seed: int = 0,
 ) -> dict[str, dict[str, float]]:
     """DP estimate of the contingency table counts[a][y] (sensitive value a, target label y).
 
@@ -107,7 +109,7 @@ def dp_group_label_table(
     sigma = P.calibrate_gaussian_noise(epsilon, ledger.delta, compositions=1)
     event = P.GaussianEvent(noise_multiplier=sigma, compositions=1)
     ledger.check(stage, event)
-    rng = np.random.default_rng(seed)
+    rng = P.randomness.secure_rng()  # secret noise: never from a config seed
     table = pd.crosstab(df[sensitive].astype(str), df[schema.target].astype(str))
     table = table.reindex(index=a_col.categories, columns=y_col.categories, fill_value=0)
     noisy = table.to_numpy(float) + rng.normal(0.0, sigma, size=table.shape)

@@ -1,0 +1,47 @@
+"""Which records ACTG may read: a public held-out evaluation set and a secretly sampled private set.
+
+* Held-out evaluation texts (owner-side, never released): the ``data.n_eval`` rows with the
+  smallest content keys (``privacy.randomness.content_keyed_holdout``: a keyed hash of the text
+  with the public ``data.seed``). A row's key depends on that row only, so adding or removing one
+  record moves at most one other row between the held-out set and the private pool.
+* Private pool: every other row.
+* Private working set: each pool row kept independently with probability ``n_records / pool
+  size``, from OS entropy (``bernoulli_subsample``); the whole pool if it has at most
+  ``n_records`` rows. Poisson sampling never increases epsilon, so the ledger's guarantee holds
+  for the user's file (its pool), not only for a drawn sample.
+
+Each call draws a fresh private set; a resumed ``private`` stage may see a different one, which is
+still valid: each DP mechanism is charged in full and each is DP with respect to the file.
+"""
+
+from __future__ import annotations
+
+from dpsynth_core.errors import DataError
+from dpsynth_core.privacy.randomness import bernoulli_subsample, content_keyed_holdout
+
+
+def load_frame(cfg):
+    from dpsynth_core.data import load_biorxiv, load_records
+
+    d = cfg.data
+    if d.path is None:
+        return load_biorxiv()
+    return load_records(cfg.resolved(d.path), text_col=d.text_col, label_col=d.label_col)
+
+
+def load_private_split(cfg):
+    """(private working set, held-out evaluation frame), disjoint; see the module docstring."""
+    import numpy as np
+
+    d = cfg.data
+    where = d.path or "biorxiv"
+    frame = load_frame(cfg)
+    if d.text_col not in frame.columns:
+        raise DataError(f"{where}: column '{d.text_col}' not found (data.text_col)")
+    texts = frame[d.text_col].astype(str).tolist()
+    if len(texts) <= d.n_eval:  # no row count in the message: the file's size is private
+        raise DataError(f"{where}: not enough rows for data.n_eval held-out rows plus a private set")
+    held = content_keyed_holdout(texts, d.n_eval, d.seed)
+    pool = np.setdiff1d(np.arange(len(texts)), held)
+    private = pool[bernoulli_subsample(len(pool), d.n_records)]
+    return frame.iloc[private].reset_index(drop=True), frame.iloc[held].reset_index(drop=True)

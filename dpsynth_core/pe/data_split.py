@@ -1,0 +1,68 @@
+"""Which records PE / WASP may read: a public held-out set and a secretly sampled private set.
+
+* Held-out test set (owner-side evaluation, never released): per class, the ``num_test / C`` rows
+  with the smallest content keys (``privacy.randomness.content_keyed_holdout``: a keyed hash of
+  the row itself with the public ``data.seed``). A row's key does not depend on other rows, so
+  adding or removing one record moves at most one other row in or out of the private pool.
+* Private pool: every other row whose label is one of the public ``data.classes``.
+* Private working set: each pool row kept independently with probability ``num_private / pool
+  size``, from OS entropy (``bernoulli_subsample``). Poisson sampling never increases epsilon, so
+  the guarantee stated for the votes holds for the user's file (its pool), not only for a drawn
+  sample; a seeded permutation (public seed) would make neighbouring files give unrelated subsets.
+
+The size of the drawn set varies (about ``num_private``); it is not logged or written.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dpsynth_core.errors import ConfigError, DataError
+from dpsynth_core.pe.config import PEConfig
+from dpsynth_core.pe.runner import PrivateData
+from dpsynth_core.privacy.randomness import bernoulli_subsample, content_rank_keys
+
+
+def _load_frame(cfg: PEConfig):
+    d = cfg.data
+    if d.source == "biorxiv":
+        from dpsynth_core.data import load_biorxiv
+
+        return load_biorxiv(), "bioRxiv"
+    from dpsynth_core.data import load_records
+
+    return load_records(d.path, text_col=d.text_col, label_col=d.label_col), str(d.path)
+
+
+def split_data(cfg: PEConfig) -> tuple[PrivateData, list[str], list[str], list[str]]:
+    """(private, test_texts, test_labels, classes); see the module docstring."""
+    d = cfg.data
+    frame, where = _load_frame(cfg)
+    for col in (d.text_col, d.label_col):
+        if col not in frame.columns:
+            raise DataError(f"{where}: column '{col}' not found")
+    if not d.classes:  # the config validator requires them; never fall back to label counts
+        raise ConfigError("data.classes is required (public label names)")
+    classes = list(d.classes)
+    labels = frame[d.label_col].astype(str).to_numpy()
+    raw_texts = frame[d.text_col].astype(str).to_numpy()
+    unknown = [c for c in classes if c not in set(labels)]
+    if unknown:
+        raise ConfigError(f"data.classes: {unknown} not found in column '{d.label_col}' of {where}")
+
+    keys = content_rank_keys([f"{y}\x00{t}" for y, t in zip(labels, raw_texts)], d.seed)
+    per_test = np.bincount(np.arange(d.num_test) % len(classes), minlength=len(classes))
+    test_idx: list[int] = []
+    for c, n in zip(classes, per_test):
+        rows = np.flatnonzero(labels == c)
+        if len(rows) <= n:  # the pool must keep rows of every class; no count in the message
+            raise DataError(f"{where}: class '{c}' has too few rows for its share of data.num_test")
+        test_idx += rows[np.argsort(keys[rows], kind="stable")[:n]].tolist()
+    in_pool = np.isin(labels, classes)
+    in_pool[test_idx] = False
+    pool = np.flatnonzero(in_pool)
+    chosen = pool[bernoulli_subsample(len(pool), d.num_private)]
+
+    texts = [t[: d.max_chars] for t in raw_texts]
+    private = PrivateData([texts[i] for i in chosen], [str(labels[i]) for i in chosen])
+    return private, [texts[i] for i in test_idx], [str(labels[i]) for i in test_idx], classes

@@ -1,0 +1,161 @@
+"""DP randomness comes from OS entropy: the same config, data and seed give different noisy outputs.
+
+On the old code every mechanism here drew from a config seed (dp_domain, dp_fair_stats: the
+public ``cfg.data.seed``; AIM's selection: numpy's global RNG seeded with it), so two runs were
+identical and the noise could be rebuilt by anyone holding ``config.yaml``.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpsynth_core.privacy import PrivacyLedger, calibrate_gaussian_noise
+from dpsynth_core.tabular.dp_domain import dp_group_label_table, estimate_domain
+from dpsynth_core.tabular.schema import TableSchema
+
+DELTA = 1e-5
+
+
+def _ledger(path) -> PrivacyLedger:
+    return PrivacyLedger.create(path, "toy", epsilon_budget=100.0, delta=DELTA)
+
+
+def _borderline_domain_case(epsilon: float):
+    """Every candidate category and every numeric bin holds round(3 sigma) rows: exactly at the
+    keep threshold, so each is kept with probability ~1/2 -- the outcome shows the noise."""
+    sigma = calibrate_gaussian_noise(epsilon, DELTA, compositions=2)
+    per_cell = int(round(3 * sigma))
+    cats = [f"c{i:02d}" for i in range(20)]
+    schema = TableSchema(columns=[
+        {"name": "kind", "type": "categorical", "domain": "dp", "candidate_categories": cats},
+        {"name": "amount", "type": "numeric", "domain": "dp", "candidate_min": 0.0, "candidate_max": 64.0},
+    ])
+    amounts = np.repeat(np.arange(64) + 0.5, per_cell)  # per_cell rows in each of the 64 bins
+    kinds = np.full(len(amounts), "not-a-candidate", dtype=object)
+    kinds[: 20 * per_cell] = np.repeat(cats, per_cell)  # per_cell rows of each candidate category
+    frame = pd.DataFrame({"kind": kinds, "amount": amounts})
+    return schema, frame
+
+
+def test_dp_domain_categorical_and_numeric_noise_differs_between_identical_runs(tmp_path):
+    schema, frame = _borderline_domain_case(epsilon=1.0)
+    outcomes = []
+    for i in range(8):
+        resolved = estimate_domain(schema, frame, epsilon=1.0, ledger=_ledger(tmp_path / f"r{i}"))
+        outcomes.append((tuple(resolved.column("kind").categories), resolved.column("amount").min,
+                         resolved.column("amount").max))
+    # the same public seed used to give 8 identical outcomes; now the category lists differ
+    # (20 coin flips each) and the numeric bounds move (all 8 equal: probability ~1e-5)
+    assert len({o[0] for o in outcomes}) > 1
+    assert len({o[1:] for o in outcomes}) > 1
+
+
+def test_dp_fair_stats_noise_differs_between_identical_runs(tmp_path):
+    schema = TableSchema(columns=[
+        {"name": "sex", "type": "categorical", "categories": ["F", "M"]},
+        {"name": "y", "type": "categorical", "categories": ["0", "1"]},
+    ], sensitive=["sex"], target="y")
+    frame = pd.DataFrame({"sex": ["F"] * 300 + ["M"] * 500, "y": (["0", "1"] * 400)})
+    first = dp_group_label_table(frame, schema, "sex", epsilon=1.0, ledger=_ledger(tmp_path / "a"))
+    second = dp_group_label_table(frame, schema, "sex", epsilon=1.0, ledger=_ledger(tmp_path / "b"))
+    assert all(first[a][y] != second[a][y] for a in first for y in first[a])
+
+
+def _selection_case():
+    """A real mbi model and AIM's candidate set for 5 ternary columns (no model fitting needed)."""
+    from mbi import Dataset, Domain, MarkovRandomField
+    from mbi.clique_vector import CliqueVector
+    from snsynth.aim.aim import compile_workload
+
+    names = ["a", "b", "c", "d", "e"]
+    domain = Domain(names, [3] * len(names))
+    data = Dataset(pd.DataFrame(np.random.default_rng(1).integers(0, 3, size=(50, 5)), columns=names), domain)
+    cliques = [(n,) for n in names] + list(itertools.combinations(names, 2))
+    model = MarkovRandomField(potentials=CliqueVector.zeros(domain, cliques),
+                              marginals=CliqueVector.from_projectable(data, cliques), total=50)
+    candidates = compile_workload(list(itertools.combinations(names, 2)))
+    answers = {cl: data.project(cl).datavector() for cl in candidates}
+    return candidates, answers, model
+
+
+def test_aim_selection_is_not_replayed_by_a_seeded_global_rng(monkeypatch):
+    """AIM's exponential mechanism: with numpy's global RNG seeded identically before each fit (what
+    features.py / baseline.py used to do with the config seed), two AIMs select differently.
+    smartnoise's own selection is replayed exactly -- the control that shows what the seed did."""
+    import snsynth.utils
+    from snsynth.aim import AIMSynthesizer
+
+    from dpsynth_core.actg.aim_mechanism import make_aim
+
+    candidates, answers, model = _selection_case()
+    eps = 1e-6  # near-uniform choice among 15 candidates: a pure test of the random draw
+
+    def rounds(aim):
+        np.random.seed(0)
+        return [aim._worst_approximated(candidates, answers, model, eps, 1.0) for _ in range(8)]
+
+    assert rounds(AIMSynthesizer(1.0, DELTA)) == rounds(AIMSynthesizer(1.0, DELTA))  # old behaviour
+    assert rounds(make_aim(1.0, DELTA)) != rounds(make_aim(1.0, DELTA))
+
+    # and the secret selection never reads numpy's global RNG (a tripwire in its place)
+    class Tripwire:
+        def choice(self, *a, **k):
+            raise AssertionError("AIM selection drew from numpy's global RNG")
+
+    monkeypatch.setattr(snsynth.utils, "prng", Tripwire())
+    aim = make_aim(1.0, DELTA)
+    rounds(aim)
+    assert len(aim.selections) == 8
+
+
+def _pe_runner(tmp_path, **cfg_over):
+    from dpsynth_core.pe.config import PEConfig
+    from dpsynth_core.pe.runner import PERunner
+
+    cfg = PEConfig(method="wasp", data={"source": "biorxiv", "classes": ["x", "y"]}, iterations=2, **cfg_over)
+    ledger = PrivacyLedger.create(tmp_path, "pe", epsilon_budget=cfg.epsilon, delta=DELTA)
+    return PERunner(cfg, [None], None, None, ledger, ["x", "y"]), ledger
+
+
+def test_pe_histogram_noise_differs_between_identical_runs(tmp_path):
+    votes = np.arange(12, dtype=float)
+    (a, _), (b, _) = _pe_runner(tmp_path / "a"), _pe_runner(tmp_path / "b")
+    noisy_a = a.mechanism.privatize(votes, a._noise_rng(1))
+    noisy_b = b.mechanism.privatize(votes, b._noise_rng(1))
+    assert np.all(noisy_a != noisy_b)
+
+
+def test_pinned_pe_noise_seed_is_refused_outside_test_mode_and_marks_the_ledger(tmp_path, monkeypatch):
+    from pydantic import ValidationError
+
+    from dpsynth_core.pe.config import PEConfig
+
+    monkeypatch.delenv("DPSYNTH_TEST_MODE", raising=False)
+    with pytest.raises(ValidationError, match="noise_seed.*test-only"):
+        PEConfig(method="wasp", data={"source": "biorxiv", "classes": ["x", "y"]}, noise_seed=7)
+
+    monkeypatch.setenv("DPSYNTH_TEST_MODE", "1")
+    runner, ledger = _pe_runner(tmp_path, noise_seed=7)
+    runner._record_privacy()
+    assert not ledger.is_private
+    assert "noise_seed" in ledger.not_private_reasons()[0]["reason"]
+    (vote,) = [e for e in ledger.entries() if e.stage == "wasp.topq_vote"]
+    assert vote.details["noise"] == "pinned noise_seed (test only)"
+
+
+def test_federated_pe_records_its_per_party_guarantee(tmp_path):
+    from dpsynth_core.privacy import gaussian_epsilon
+
+    runner, ledger = _pe_runner(tmp_path, federated_parties=4)
+    runner._record_privacy()
+    (vote,) = [e for e in ledger.entries() if e.stage == "wasp.topq_vote"]
+    fed = vote.details["federated"]
+    assert fed["parties"] == 4 and fed["secure_aggregation"] is False
+    assert fed["party_noise_multiplier"] == pytest.approx(runner.noise_multiplier / 2)
+    assert fed["epsilon_released_sum"] == pytest.approx(vote.epsilon, rel=1e-6)
+    assert fed["epsilon_per_party_message"] == pytest.approx(gaussian_epsilon(runner.noise_multiplier / 2, 2, DELTA))
+    assert fed["epsilon_per_party_message"] > 1.5 * vote.epsilon  # a single party's message is weaker
