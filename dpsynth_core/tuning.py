@@ -16,6 +16,18 @@ therefore allowed in two cases only:
   divergence is jointly quasi-convex, so its RDP curve is bounded by the pointwise max over
   the candidates' curves.
 
+What the theorem assumes, and where it is enforced:
+
+* the trials are ranked by a score that is DP or computed without private data
+  (``tuning_metrics``); a MAUVE against private texts is neither;
+* K and the trials' hyperparameters are drawn from OS entropy (``draw_num_trials``,
+  ``tuning_space.draw_configurations``), i.i.d. and independent of the data and of the config
+  seed; K is never written anywhere released;
+* the per-trial bound holds over the whole declared space, computed before launch
+  (``tuning_plan.bound_sweep``), and the sweep is refused when it exceeds the budget;
+* only the best trial is released, its ledger holding the selection event
+  (``tuning_release``).
+
 Anything else (private data, no DP selection) is refused before a trial starts.
 """
 
@@ -53,8 +65,10 @@ class TuningPrivacy(StrictConfig):
         return {"poisson": math.inf, "geometric": 1.0, "logarithmic": 0.0}[self.distribution]
 
 
-def check_sweep_allowed(privacy: TuningPrivacy, search: str, scheduler: str) -> None:
+def check_sweep_allowed(privacy: TuningPrivacy, search: str, scheduler: str, pipeline: str, metric: str) -> None:
     """Refuse a sweep that would leak the private data through the choice of hyperparameters."""
+    from dpsynth_core.tuning_metrics import check_private_ranking_metric
+
     if privacy.data == "public":
         return
     if privacy.selection != "random_trials":
@@ -68,10 +82,16 @@ def check_sweep_allowed(privacy: TuningPrivacy, search: str, scheduler: str) -> 
             f"DP hyperparameter selection needs independent random trials run to completion: "
             f"search '{search}' / scheduler '{scheduler}' adapt to private results; use search: random, scheduler: fifo"
         )
+    check_private_ranking_metric(pipeline, metric)
 
 
-def sample_num_trials(privacy: TuningPrivacy, rng: np.random.Generator) -> int:
-    """Draw K. Poisson may give 0 trials: then nothing is released (and nothing is spent)."""
+def draw_num_trials(privacy: TuningPrivacy, rng: np.random.Generator | None = None) -> int:
+    """Draw K from OS entropy (``rng`` is for tests only). K is part of the mechanism's secret
+    randomness: a K drawn from the public config seed would let an adversary know how many
+    trials competed. Poisson may give 0 trials: then nothing is released."""
+    from dpsynth_core.privacy.randomness import secure_rng
+
+    rng = rng if rng is not None else secure_rng()
     mu = privacy.mean_trials
     if privacy.distribution == "poisson":
         return int(rng.poisson(mu))
