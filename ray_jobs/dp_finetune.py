@@ -9,7 +9,14 @@ Privacy mechanics stay in ``dpsynth_core.dpsgd``; this file only places workers:
   (other ranks report metrics only); a restarted worker group resumes from
   ``ray.train.get_checkpoint()``, a restarted job from the newest checkpoint in storage;
 - the DRIVER checks the ledger before the job and records ONE event for the steps actually run
-  after it, so a resume neither double-counts nor drops steps.
+  after it, so a resume neither double-counts nor drops steps; a checkpoint made under another
+  config or privacy plan is deleted and the resume refused;
+- no private value crosses Ray's control plane: ``train_loop_config`` (which Train's state
+  tracking stringifies) holds public config and an ``ExampleSource`` that each worker loads
+  itself; the secret sampling seed and the per-example penalty travel as an object-store ref.
+
+Called as ``train_dp_lora(source, config, ..., runner=run_dp_finetune)``: the library does not
+import this module.
 """
 
 from __future__ import annotations
@@ -17,60 +24,89 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 
-from dpsynth_core.dpsgd.budget import PrivacyPlan, plan_privacy
-from dpsynth_core.dpsgd.checkpoint import STATE_FILE, TrainState, config_fingerprint, is_checkpoint, load_checkpoint, write_checkpoint_files
-from dpsynth_core.dpsgd.config import DpSgdConfig, TrainExample, TrainResult
-from dpsynth_core.dpsgd.trainer import finalize_run, new_sampling_seed
+from dpsynth_core.dpsgd.checkpoint import (
+    STATE_FILE,
+    TrainState,
+    check_resumable,
+    is_checkpoint,
+    load_checkpoint,
+    write_checkpoint_files,
+)
+from dpsynth_core.dpsgd.config import DpSgdConfig, TrainResult
+from dpsynth_core.dpsgd.sources import ExampleSource, is_shippable
+from dpsynth_core.dpsgd.trainer import finalize_run, new_sampling_seed, new_train_state, prepare_stage
+from dpsynth_core.errors import ConfigError
 
 RAY_STORAGE_DIRNAME = "ray_train"
 FINAL_ADAPTER_SUBDIR = "adapter"
+_RUN_PREFIX = "dp_finetune_"
 
 
 def _run_name(fingerprint: str) -> str:
-    return f"dp_finetune_{fingerprint}"
+    return f"{_RUN_PREFIX}{fingerprint}"
 
 
-def latest_checkpoint(storage: Path, fingerprint: str) -> Path | None:
-    """Newest complete checkpoint of this config under the Ray storage dir, or None."""
+def stored_checkpoints(storage: Path) -> list[tuple[Path, TrainState]]:
+    """Every complete checkpoint under the Ray storage dir, whatever its config."""
+    found = []
+    for state_file in Path(storage).glob(f"{_RUN_PREFIX}*/*/{STATE_FILE}"):
+        if is_checkpoint(state_file.parent):
+            found.append((state_file.parent, TrainState.from_json(state_file.read_text(encoding="utf-8"))))
+    return found
+
+
+def latest_checkpoint(storage: Path, plan, fingerprint: str) -> Path | None:
+    """Newest checkpoint of this config and privacy plan, or None. A checkpoint of another one
+    is refused: the storage dir (every copy of the secret seed) is deleted, then ConfigError."""
     best, best_step = None, -1
-    for state_file in Path(storage).glob(f"{_run_name(fingerprint)}/*/{STATE_FILE}"):
-        d = state_file.parent
-        if not is_checkpoint(d):
-            continue
-        state = TrainState.from_json(state_file.read_text(encoding="utf-8"))
-        if state.fingerprint == fingerprint and state.step > best_step:
+    for d, state in stored_checkpoints(storage):
+        try:
+            check_resumable(state, plan, fingerprint, d)
+        except ConfigError:
+            shutil.rmtree(storage, ignore_errors=True)
+            raise
+        if state.step > best_step:
             best, best_step = d, state.step
     return best
 
 
 def _train_loop(loop_config: dict) -> None:
-    """Runs on every Ray Train worker."""
+    """Runs on every Ray Train worker: loads the private examples from their source itself."""
+    import ray
     import ray.train
     import torch
 
+    from dpsynth_core.dpsgd.budget import PrivacyPlan
     from dpsynth_core.dpsgd.engine import DistContext, DpSgdEngine, resolve_device
+    from dpsynth_core.dpsgd.sampling import PrivacyUnits
     from dpsynth_core.dpsgd.trainer import run_steps
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     config = DpSgdConfig.model_validate(loop_config["config"])
     plan = PrivacyPlan(**loop_config["plan"])
+    fingerprint = loop_config["fingerprint"]
+    secret = ray.get(loop_config["secret"])  # seed and penalty: object store, not the run's config/state
     torch.set_num_threads(config.torch_threads or 1)
+    examples = loop_config["source"].load()
+    if len(PrivacyUnits.from_user_ids([e.user_id for e in examples])) != plan.n_units:
+        raise ConfigError(f"{loop_config['source'].describe()}: the data changed while the job started; run again")
     engine = DpSgdEngine(
-        loop_config["examples"], config,
-        noise_multiplier=plan.noise_multiplier, sampling_seed=loop_config["sampling_seed"],
+        examples, config,
+        noise_multiplier=plan.noise_multiplier, sampling_seed=secret["sampling_seed"],
         dist=DistContext(rank, world), device=resolve_device(config, ctx.get_local_rank()),
-        per_example_penalty=loop_config.get("per_example_penalty"),
+        per_example_penalty=secret["per_example_penalty"],
     )
-    state = TrainState(0, loop_config["sampling_seed"], plan.noise_multiplier, plan.sampling_rate, plan.delta,
-                       loop_config["fingerprint"], [])
+    del examples
+    state = new_train_state(secret["sampling_seed"], plan, fingerprint)
 
     def restore(directory: Path) -> None:
         nonlocal state
         adapter, optimizer, state = load_checkpoint(directory)
+        if state.fingerprint != fingerprint:  # the driver checked; a stale Ray snapshot must not slip in
+            raise ConfigError(f"{directory}: checkpoint of another DP-SGD config or privacy plan")
         engine.load_adapter_state(adapter)
         engine.optimizer.load_state_dict(optimizer)
         engine.step = state.step
@@ -115,7 +151,7 @@ def _use_gpu(config: DpSgdConfig) -> bool:
 
 
 def run_dp_finetune(
-    examples: Sequence[TrainExample],
+    source: ExampleSource,
     config: DpSgdConfig,
     *,
     output_dir: Path,
@@ -126,35 +162,46 @@ def run_dp_finetune(
     resume: bool = True,
     max_failures: int = 1,
 ) -> TrainResult:
-    """DP-SGD LoRA on ``config.num_workers`` Ray Train workers; same outputs as ``train_dp_lora``."""
+    """DP-SGD LoRA on ``config.num_workers`` Ray Train workers; same outputs as ``train_dp_lora``
+    (a ``dpsynth_core.dpsgd.trainer.DistributedRunner``: pass it as ``train_dp_lora(..., runner=)``).
+
+    Only public values enter ``train_loop_config`` (the config, the plan, the source's description
+    of where the data is); the secret sampling seed and the penalty go through the object store;
+    each worker loads the examples from ``source`` itself.
+    """
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    examples = list(examples)
+    if not is_shippable(source):
+        raise ConfigError(
+            f"num_workers > 1: the {source.describe()} would have to travel through Ray (task arguments, Train's "
+            "run state); give train_dp_lora an ExampleSource that each worker loads from the data's source "
+            "(dpsynth_core.dpsgd.sources: TableExampleSource, LoaderSource)"
+        )
     output_dir = Path(output_dir).resolve()
-    plan = plan_privacy(config, examples, ledger=ledger, stage=stage)  # ledger.check before any data moves
-    fingerprint = config_fingerprint(config, plan.n_units)
+    # the driver loads the data too: the unit count, the plan and ledger.check before any worker starts
+    _, plan, fingerprint = prepare_stage(source, config, ledger=ledger, stage=stage)
     storage = output_dir / RAY_STORAGE_DIRNAME
     if not resume:
-        shutil.rmtree(storage / _run_name(fingerprint), ignore_errors=True)
-    resume_dir = latest_checkpoint(storage, fingerprint) if resume else None
+        shutil.rmtree(storage, ignore_errors=True)  # a fresh start leaves no old seed behind
+    resume_dir = latest_checkpoint(storage, plan, fingerprint) if resume else None
     sampling_seed = (
         TrainState.from_json((resume_dir / STATE_FILE).read_text()).sampling_seed if resume_dir else new_sampling_seed(config)
     )
     if not ray.is_initialized():
         ray.init(include_dashboard=False, ignore_reinit_error=True)
     use_gpu = _use_gpu(config)
+    secret = ray.put({"sampling_seed": sampling_seed, "per_example_penalty": per_example_penalty})
     trainer = TorchTrainer(
         _train_loop,
         train_loop_config={
-            "examples": examples,
-            "config": config.model_dump(mode="json"),
+            "source": source,
+            "config": config.model_dump(mode="json", exclude={"sampling_seed"}),
             "plan": plan.to_dict(),
-            "sampling_seed": sampling_seed,
+            "secret": secret,
             "fingerprint": fingerprint,
             "resume_dir": str(resume_dir) if resume_dir else None,
-            "per_example_penalty": per_example_penalty,
             "progress": progress,
         },
         scaling_config=ScalingConfig(num_workers=config.num_workers, use_gpu=use_gpu),
@@ -188,9 +235,7 @@ def run_dp_finetune(
             config=config, plan=plan, state=state, output_dir=output_dir, write_adapter=write_adapter,
             ledger=ledger, stage=stage, num_workers=config.num_workers,
         )
-    shutil.rmtree(storage / _run_name(fingerprint), ignore_errors=True)  # finished: nothing to resume
-    if storage.is_dir() and not any(storage.iterdir()):
-        storage.rmdir()
+    shutil.rmtree(storage, ignore_errors=True)  # finished: nothing to resume, no seed left behind
     (output_dir / "ray_result.json").write_text(json.dumps({"world_size": config.num_workers, "steps": out.steps,
                                                             "epsilon": out.epsilon}), encoding="utf-8")
     return out

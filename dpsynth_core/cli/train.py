@@ -1,44 +1,31 @@
 """`dpsynth train --config FILE`: DP-SGD LoRA fine-tuning (in-process, or Ray Train for num_workers > 1).
 
 Everything that can be wrong with a config fails here, before any training: epsilon <= 0,
-delta >= 1/n, a logical batch larger than n, an unknown LoRA target module, a missing column.
+delta >= 1/n (checked before the ledger is created), a logical batch larger than n, an unknown
+LoRA target module, a missing column.
 """
 
 from __future__ import annotations
 
-import string
+import importlib
 from pathlib import Path
 
 import typer
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from dpsynth_core.config import StrictConfig
 from dpsynth_core.dpsgd.config import DpSgdConfig
+from dpsynth_core.dpsgd.sources import TableExampleSource
 from dpsynth_core.errors import ConfigError
 
 app = typer.Typer(help="DP-SGD LoRA fine-tuning on Ray Train.", no_args_is_help=True)
 
 
-class TrainDataSpec(StrictConfig):
-    """Where the private training data is and how a row becomes (prompt, target)."""
+class TrainDataSpec(TableExampleSource):
+    """Where the private training data is and how a row becomes (prompt, target).
 
-    path: str  # absolute, relative to the working directory, or relative to the data dir (../shared/data)
-    text_column: str  # the target text (loss is taken on it)
-    prompt_columns: list[str] = Field(default_factory=list)
-    # e.g. "Category: {category}\n"; default: one "column: value" line per prompt column
-    prompt_template: str | None = None
-    user_column: str | None = None  # set for user-level DP
-    max_records: int | None = Field(None, ge=1)
-    max_chars: int = Field(20000, ge=1)
-
-    @model_validator(mode="after")
-    def _template_fields(self) -> TrainDataSpec:
-        if self.prompt_template is not None:
-            fields = {f for _, f, _, _ in string.Formatter().parse(self.prompt_template) if f}
-            unknown = sorted(fields - set(self.prompt_columns))
-            if unknown:
-                raise ValueError(f"prompt_template uses {unknown}, which are not in prompt_columns {self.prompt_columns}")
-        return self
+    ``path``: absolute, relative to the working directory, or relative to the data dir
+    (../shared/data); resolved to an absolute path before anything is read."""
 
 
 class LedgerSpec(StrictConfig):
@@ -67,38 +54,27 @@ def resolve_data_path(raw: str, config_path: Path) -> Path:
     return data_dir() / p
 
 
+def data_source(spec: TrainDataSpec, config_path: Path) -> TableExampleSource:
+    """The public description of the training data, its path resolved: what Ray workers receive."""
+    return TableExampleSource.model_validate({**spec.model_dump(), "path": str(resolve_data_path(spec.path, config_path).resolve())})
+
+
 def build_examples(spec: TrainDataSpec, config_path: Path):
     """Read the data through ``dpsynth_core.data.load_records`` (errors name file/column/row)."""
-    from dpsynth_core.data import load_records
-    from dpsynth_core.dpsgd.config import TrainExample
-
-    path = resolve_data_path(spec.path, config_path)
-    frame = load_records(
-        path, text_col=spec.text_column, user_col=spec.user_column,
-        columns=list(spec.prompt_columns) or None, max_chars=spec.max_chars,
-    )
-    if spec.max_records is not None:
-        frame = frame.iloc[: spec.max_records]
-    examples = []
-    for _, row in frame.iterrows():
-        values = {c: "" if row[c] is None else str(row[c]) for c in spec.prompt_columns}
-        if spec.prompt_template is not None:
-            prompt = spec.prompt_template.format(**values)
-        else:
-            prompt = "".join(f"{c}: {v}\n" for c, v in values.items())
-        user = str(row[spec.user_column]) if spec.user_column else None
-        examples.append(TrainExample(prompt=prompt, target=str(row[spec.text_column]), user_id=user))
-    return examples
+    return data_source(spec, config_path).load()
 
 
 def open_ledger(job: TrainJobConfig, n_units: int):
-    from dpsynth_core.privacy import PrivacyLedger, default_delta
+    from dpsynth_core.privacy import PrivacyLedger, check_delta_for_size, default_delta
 
     run_dir = Path(job.ledger.run_dir or job.output_dir)
     if (run_dir / "ledger.sqlite").is_file():
-        return PrivacyLedger.open(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+        ledger = PrivacyLedger.open(run_dir)
+        check_delta_for_size(ledger.delta, n_units, field="train.delta (the ledger's delta)")
+        return ledger
     delta = job.train.delta if job.train.delta is not None else default_delta(max(n_units, 2))
+    check_delta_for_size(delta, n_units, field="train.delta")  # before a ledger with a useless delta exists
+    run_dir.mkdir(parents=True, exist_ok=True)
     return PrivacyLedger.create(run_dir, job.ledger.dataset, job.ledger.epsilon_budget or job.train.epsilon, delta)
 
 
@@ -117,17 +93,22 @@ def train(
     from dpsynth_core.dpsgd.sampling import PrivacyUnits
 
     job = load_config(config, TrainJobConfig)
-    examples = build_examples(job.data, Path(config))
+    source = data_source(job.data, Path(config))
+    examples = source.load()
     if not examples:
         raise ConfigError(f"{config}: field 'data': no training records in {job.data.path}")
     n_units = len(PrivacyUnits.from_user_ids([e.user_id for e in examples]))
-    ledger = open_ledger(job, n_units)
     try:
+        ledger = open_ledger(job, n_units)
         plan_privacy(job.train, examples, ledger=ledger, stage=job.stage)  # every check, before training
     except ConfigError as exc:
         raise ConfigError(f"{config}: {exc}") from None
-    result = train_dp_lora(examples, job.train, output_dir=Path(job.output_dir), ledger=ledger, stage=job.stage,
-                           progress=progress, resume=resume)
+    runner = None
+    if job.train.num_workers > 1:  # the CLI is the driver: it hands the engine the Ray Train runner
+        runner = importlib.import_module("ray_jobs.dp_finetune").run_dp_finetune  # like cli/run.py's drivers
+    # in-process: the examples already read; on Ray: the source, which each worker loads itself
+    result = train_dp_lora(examples if runner is None else source, job.train, output_dir=Path(job.output_dir),
+                           ledger=ledger, stage=job.stage, progress=progress, resume=resume, runner=runner)
     console = Console()
     if not result.completed:
         console.print(f"[yellow]stopped after {result.steps} steps (stop_after_steps); rerun to resume[/yellow]")

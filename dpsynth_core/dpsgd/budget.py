@@ -65,12 +65,9 @@ def resolve_delta(config: DpSgdConfig, n_units: int, ledger=None) -> float:
         from dpsynth_core.privacy import default_delta
 
         delta = float(default_delta(max(n_units, 2)))
-    if delta >= 1.0 / n_units:
-        raise ConfigError(
-            f"field 'delta': {delta:g} must be < 1/n = {1.0 / n_units:g} (n = {n_units} privacy units); "
-            "a delta that large allows publishing a record outright"
-        )
-    return delta
+    from dpsynth_core.privacy import check_delta_for_size
+
+    return float(check_delta_for_size(delta, n_units))
 
 
 def plan_privacy(

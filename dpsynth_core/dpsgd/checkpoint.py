@@ -2,7 +2,14 @@
 
 The sampler is counter-based (see ``sampling.py``): its whole RNG state is (seed, step), both
 stored here, so a resumed run draws exactly the batches an uninterrupted run would have drawn.
-A checkpoint holds the secret sampling seed: it is private state, like the data, never an output.
+A checkpoint holds the secret sampling seed: it is private state, like the data, never an output,
+and it is deleted once it can no longer be resumed (training finished, a fresh restart, a refused
+resume).
+
+The identity of a checkpoint includes the privacy plan (sigma, q, delta, accountant, steps, n):
+the ledger records ONE event for all steps at the plan's sigma, so resuming steps that ran under
+another sigma (the ledger changed between crash and resume, and the plan with it) would
+under-report epsilon. Such a resume is refused.
 """
 
 from __future__ import annotations
@@ -14,10 +21,15 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from dpsynth_core.dpsgd.config import DpSgdConfig
+from dpsynth_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dpsynth_core.dpsgd.budget import PrivacyPlan
 
 ADAPTER_FILE = "adapter.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -26,11 +38,34 @@ STATE_FILE = "train_state.json"
 _RESUME_FREE_FIELDS = {"stop_after_steps", "checkpoint_every", "num_workers", "torch_threads", "device", "merge_adapter"}
 
 
-def config_fingerprint(config: DpSgdConfig, n_units: int) -> str:
-    """Hash of everything that determines the training trajectory and the privacy accounting."""
+_PLAN_FIELDS = ("noise_multiplier", "sampling_rate", "delta", "accountant", "steps", "n_units")
+
+
+def config_fingerprint(config: DpSgdConfig, plan: PrivacyPlan) -> str:
+    """Hash of everything that determines the training trajectory and the privacy accounting:
+    the config and the privacy plan (sigma, q, delta, accountant, steps, n), exact floats."""
     data = config.model_dump(mode="json", exclude=_RESUME_FREE_FIELDS)
-    data["n_units"] = n_units
+    data["plan"] = {k: getattr(plan, k) for k in _PLAN_FIELDS}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def check_resumable(state: TrainState, plan: PrivacyPlan, fingerprint: str, where: Path) -> None:
+    """ConfigError unless the checkpoint's steps ran under exactly this plan and config.
+
+    The message names the privacy fields that differ (public figures: sigma, q, delta)."""
+    if state.fingerprint == fingerprint:
+        return
+    stored = {"noise_multiplier": state.noise_multiplier, "sampling_rate": state.sampling_rate,
+              "delta": state.delta, "accountant": state.accountant}
+    changed = [f"{k} {v!r} -> {getattr(plan, k)!r}" for k, v in stored.items()
+               if v is not None and v != getattr(plan, k)]
+    why = ("its privacy plan differs (" + "; ".join(changed) + "): recording one event for all steps at the "
+           "new plan would misstate epsilon (did the ledger change since the crash?)") if changed else \
+        "it was made with a different training config (or data)"
+    raise ConfigError(
+        f"{where}: cannot resume this DP-SGD checkpoint: {why}. The checkpoint (which holds the secret "
+        "sampling seed) was deleted; run again to train from scratch under the current plan"
+    )
 
 
 @dataclass
@@ -43,7 +78,8 @@ class TrainState:
     sampling_rate: float
     delta: float
     fingerprint: str
-    history: list[dict] = field(default_factory=list)
+    history: list[dict] = field(default_factory=list)  # step, loss, epsilon (no batch sizes: private)
+    accountant: str | None = None  # None in checkpoints written before it was stored
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=1)
@@ -81,6 +117,16 @@ def save_checkpoint(directory: Path, adapter_state: dict, optimizer_state: dict,
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return directory
+
+
+def discard_checkpoint(directory: Path) -> None:
+    """Delete a checkpoint directory and any half-written sibling of it (each may hold the secret
+    seed); no error when absent."""
+    directory = Path(directory)
+    shutil.rmtree(directory, ignore_errors=True)
+    if directory.parent.is_dir():
+        for leftover in directory.parent.glob(f".{directory.name}.*-*"):  # save_checkpoint's staging / old dirs
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def is_checkpoint(directory: Path) -> bool:

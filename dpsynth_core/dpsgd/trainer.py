@@ -1,31 +1,39 @@
-"""``train_dp_lora``: the public entry of the DP-SGD engine (in-process; Ray for num_workers > 1).
+"""``train_dp_lora``: the public entry of the DP-SGD engine (in-process; a driver-given runner for
+num_workers > 1).
 
 Order of operations, which is the privacy contract of a stage:
- 1. validate the config and plan the noise (``budget.plan_privacy``), ``ledger.check`` -- no
-    private text has been read yet;
- 2. train (resuming from ``output_dir/checkpoint`` when it holds this very config);
+ 1. validate the config and plan the noise (``budget.plan_privacy``), ``ledger.check``; a config
+    with test-only knobs marks the ledger "not private";
+ 2. train (resuming from ``output_dir/checkpoint`` only when it ran under this very config AND
+    privacy plan; otherwise the checkpoint is deleted and the resume refused);
  3. ``ledger.record`` ONE DpSgdEvent for the steps actually run, then write the outputs
-    (adapter, training-curve PNG, summary) by atomic rename.
+    (adapter, training-curve PNG, summary) by atomic rename, and delete the checkpoint.
+
+The library does not import Ray: with ``config.num_workers > 1`` the caller passes a
+``DistributedRunner`` (the driver's ``ray_jobs.dp_finetune.run_dp_finetune``), and the examples
+as an ``ExampleSource`` its workers load themselves (``sources.py``).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import secrets
-import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from dpsynth_core.dpsgd.budget import PrivacyPlan, plan_privacy
 from dpsynth_core.dpsgd.checkpoint import (
     TrainState,
+    check_resumable,
     config_fingerprint,
+    discard_checkpoint,
     is_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
 from dpsynth_core.dpsgd.config import DpSgdConfig, TrainExample, TrainResult
+from dpsynth_core.dpsgd.sources import ExampleSource, as_source
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.files import atomic_dir
 
@@ -37,9 +45,48 @@ SUMMARY_FILENAME = "dp_training.json"
 _EPS_POINTS = 10  # epsilon is evaluated at about this many steps (a PLD call costs ~0.7 s)
 
 
+class DistributedRunner(Protocol):
+    """Runs a DP-SGD stage on ``config.num_workers`` workers; same outputs as ``train_dp_lora``.
+
+    It ships only ``source`` (public) to the workers, which call ``source.load()``.
+    """
+
+    def __call__(self, source: ExampleSource, config: DpSgdConfig, *, output_dir: Path, ledger=None,
+                 stage: str = "dpsgd", per_example_penalty=None, progress: bool = True,
+                 resume: bool = True) -> TrainResult: ...
+
+
+def test_only_knobs(config: DpSgdConfig) -> list[str]:
+    """Config fields that make a run reproducible or interrupted on purpose: tests only."""
+    knobs = []
+    if config.sampling_seed is not None:
+        knobs.append("sampling_seed is fixed: Poisson sampling and noise follow from public config")
+    if config.stop_after_steps is not None:
+        knobs.append("stop_after_steps is set (a simulated crash for tests)")
+    return knobs
+
+
+def mark_test_only_knobs(config: DpSgdConfig, ledger, stage: str) -> None:
+    """Before training: the ledger says "not private" for a run with test-only knobs."""
+    if ledger is not None:
+        for reason in test_only_knobs(config):
+            ledger.mark_not_private(stage, reason)
+
+
+def prepare_stage(source: ExampleSource, config: DpSgdConfig, *, ledger, stage: str
+                  ) -> tuple[list[TrainExample], PrivacyPlan, str]:
+    """(examples, plan, checkpoint identity): load, plan and check the budget, mark knobs."""
+    examples = source.load()
+    plan = plan_privacy(config, examples, ledger=ledger, stage=stage)
+    mark_test_only_knobs(config, ledger, stage)
+    return examples, plan, config_fingerprint(config, plan)
+
+
 def new_sampling_seed(config: DpSgdConfig) -> int:
-    """A fresh secret seed unless the config pins one (tests)."""
-    return int(config.sampling_seed) if config.sampling_seed is not None else secrets.randbits(62)
+    """A fresh secret seed (OS entropy) unless the config pins one (tests; marks the run not private)."""
+    from dpsynth_core.privacy.randomness import secret_seed
+
+    return int(config.sampling_seed) if config.sampling_seed is not None else secret_seed(62)
 
 
 def epsilon_due(step: int, total: int) -> bool:
@@ -64,9 +111,8 @@ def run_steps(engine, plan: PrivacyPlan, state: TrainState, config: DpSgdConfig,
             if eps is not None:
                 last_eps = eps
             state.step = step
-            state.history.append(
-                {"step": step, "loss": stats["loss"], "epsilon": eps, "batch_units": stats["batch_units"]}
-            )
+            # no Poisson batch size here: it is private (un-noised) and the history is written to disk
+            state.history.append({"step": step, "loss": stats["loss"], "epsilon": eps})
             bar.update(1)
             bar.set_postfix(loss=f"{stats['loss']:.3f}", eps=f"{last_eps:.3f}/{plan.target_epsilon:g}")
             if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.steps:
@@ -112,6 +158,7 @@ def finalize_run(
         "user_level": plan.user_level,
         "n_units": plan.n_units,
         "num_workers": num_workers,
+        "test_only_knobs": test_only_knobs(config),
         "config": config.model_dump(mode="json", exclude={"sampling_seed"}),
     }
 
@@ -127,7 +174,7 @@ def finalize_run(
     merged = None
     if config.merge_adapter:
         merged = atomic_dir(output_dir / MERGED_DIRNAME, lambda d: save_merged(config.model, adapter_dir, d))
-    shutil.rmtree(output_dir / CHECKPOINT_DIRNAME, ignore_errors=True)  # finished: nothing to resume
+    discard_checkpoint(output_dir / CHECKPOINT_DIRNAME)  # finished: nothing to resume, no seed left behind
     return TrainResult(
         adapter_dir=adapter_dir,
         steps=steps_run,
@@ -142,21 +189,31 @@ def finalize_run(
     )
 
 
-def resume_state(output_dir: Path, fingerprint: str):
-    """(adapter, optimizer, TrainState) of ``output_dir/checkpoint`` or None; refuses a foreign one."""
+def resume_state(output_dir: Path, plan: PrivacyPlan, fingerprint: str):
+    """(adapter, optimizer, TrainState) of ``output_dir/checkpoint`` or None.
+
+    A checkpoint of another config or privacy plan is deleted (it holds the secret seed) and the
+    resume refused with a ConfigError that says which privacy figures changed."""
     ckpt = Path(output_dir) / CHECKPOINT_DIRNAME
     if not is_checkpoint(ckpt):
+        discard_checkpoint(ckpt)  # a partial one is of no use and may hold the seed
         return None
     adapter, optimizer, state = load_checkpoint(ckpt)
-    if state.fingerprint != fingerprint:
-        raise ConfigError(
-            f"{ckpt}: checkpoint of a different training config (or data); delete it or use another output_dir"
-        )
+    try:
+        check_resumable(state, plan, fingerprint, ckpt)
+    except ConfigError:
+        discard_checkpoint(ckpt)
+        raise
     return adapter, optimizer, state
 
 
+def new_train_state(seed: int, plan: PrivacyPlan, fingerprint: str) -> TrainState:
+    return TrainState(0, seed, plan.noise_multiplier, plan.sampling_rate, plan.delta, fingerprint, [],
+                      accountant=plan.accountant)
+
+
 def train_dp_lora(
-    examples: Sequence[TrainExample],
+    examples: Sequence[TrainExample] | ExampleSource,
     config: DpSgdConfig,
     *,
     output_dir: Path,
@@ -165,31 +222,37 @@ def train_dp_lora(
     per_example_penalty=None,
     progress: bool = True,
     resume: bool = True,
+    runner: DistributedRunner | None = None,
 ) -> TrainResult:
     """DP-SGD LoRA fine-tuning with (epsilon, delta) = (config.epsilon, ledger delta or config.delta).
 
-    ``per_example_penalty(logits, batch) -> Tensor[B]`` is added to each row's loss before
-    clipping; it must depend on that row only. With ``config.num_workers > 1`` the work runs on
-    Ray Train (``ray_jobs.dp_finetune``). Resumes from ``output_dir/checkpoint`` when present.
+    ``examples``: the records, or an ``ExampleSource`` (needed for num_workers > 1, whose workers
+    load it themselves). ``per_example_penalty(logits, batch) -> Tensor[B]`` is added to each
+    row's loss before clipping; it must depend on that row only. With ``config.num_workers > 1``
+    the work goes to ``runner`` (the driver passes ``ray_jobs.dp_finetune.run_dp_finetune``).
+    Resumes from ``output_dir/checkpoint`` when present and made under the same privacy plan.
     """
-    examples = list(examples)
+    source = as_source(examples)
     output_dir = Path(output_dir)
     if config.num_workers > 1:
-        from ray_jobs.dp_finetune import run_dp_finetune
-
-        return run_dp_finetune(
-            examples, config, output_dir=output_dir, ledger=ledger, stage=stage,
-            per_example_penalty=per_example_penalty, progress=progress, resume=resume,
-        )
+        if runner is None:
+            raise ConfigError(
+                f"field 'num_workers': {config.num_workers} workers need a distributed runner; the library does "
+                "not start Ray itself: call train_dp_lora(..., runner=ray_jobs.dp_finetune.run_dp_finetune) from "
+                "a driver (dpsynth train does), or set num_workers: 1"
+            )
+        return runner(source, config, output_dir=output_dir, ledger=ledger, stage=stage,
+                      per_example_penalty=per_example_penalty, progress=progress, resume=resume)
     import torch
 
     from dpsynth_core.dpsgd.engine import DpSgdEngine
 
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
-    plan = plan_privacy(config, examples, ledger=ledger, stage=stage)
-    fingerprint = config_fingerprint(config, plan.n_units)
-    restored = resume_state(output_dir, fingerprint) if resume else None
+    examples, plan, fingerprint = prepare_stage(source, config, ledger=ledger, stage=stage)
+    if not resume:
+        discard_checkpoint(output_dir / CHECKPOINT_DIRNAME)  # a fresh start leaves no old seed behind
+    restored = resume_state(output_dir, plan, fingerprint) if resume else None
     seed = restored[2].sampling_seed if restored else new_sampling_seed(config)
     engine = DpSgdEngine(
         examples, config, noise_multiplier=plan.noise_multiplier, sampling_seed=seed,
@@ -201,7 +264,7 @@ def train_dp_lora(
         engine.optimizer.load_state_dict(optimizer)
         engine.step = state.step
     else:
-        state = TrainState(0, seed, plan.noise_multiplier, plan.sampling_rate, plan.delta, fingerprint, [])
+        state = new_train_state(seed, plan, fingerprint)
 
     def checkpoint(st: TrainState) -> None:
         save_checkpoint(output_dir / CHECKPOINT_DIRNAME, engine.adapter_state(), engine.optimizer.state_dict(), st)

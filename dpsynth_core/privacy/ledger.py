@@ -10,6 +10,10 @@ Pattern for a DP stage::
     ledger.check(stage, event)   # before touching the data; raises BudgetExceededError
     ...run the mechanism...
     ledger.record(stage, event)  # checks again and persists atomically
+
+A run that used a test-only shortcut (a fixed sampling/noise seed, a simulated crash, noise
+switched off: epsilon = inf) calls ``ledger.mark_not_private(stage, reason)``; the mark is
+permanent, and ``render()``, ``to_dict()`` and ``dpsynth ledger show`` state it above the totals.
 """
 
 from __future__ import annotations
@@ -59,6 +63,16 @@ CREATE TABLE events (
     total_epsilon_after REAL NOT NULL,
     details TEXT NOT NULL,
     timestamp TEXT NOT NULL
+);
+"""
+# Added after schema version 1 without a version bump: created on first use, absent means "none".
+_NOT_PRIVATE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS not_private (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    stage TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    timestamp TEXT NOT NULL,
+    UNIQUE (stage, reason)
 );
 """
 
@@ -197,6 +211,22 @@ class PrivacyLedger:
         """The recorded events as event objects."""
         return [e.event() for e in self.entries()]
 
+    def not_private_reasons(self) -> list[dict[str, str]]:
+        """Every ``mark_not_private`` of this run (stage, reason, timestamp), oldest first."""
+        with closing(_connect(self.path)) as conn:
+            exists = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'not_private'"
+            ).fetchone()
+            if not exists:
+                return []
+            rows = conn.execute("SELECT stage, reason, timestamp FROM not_private ORDER BY id").fetchall()
+        return [{"stage": r[0], "reason": r[1], "timestamp": r[2]} for r in rows]
+
+    @property
+    def is_private(self) -> bool:
+        """False once any stage marked the run not private: its epsilon is then not a guarantee."""
+        return not self.not_private_reasons()
+
     def _compose(self, events: list) -> tuple[float, str, dict[str, float]]:
         return compose_with_details(events, self.delta)
 
@@ -264,13 +294,31 @@ class PrivacyLedger:
                 raise
         return total
 
+    def mark_not_private(self, stage: str, reason: str) -> None:
+        """Mark the whole run "not private" (permanent; the same stage and reason are kept once).
+
+        For test-only knobs: DP randomness from a public seed, a simulated crash, no noise. The
+        reason is shown next to every total; it must name the knob, never a private value.
+        """
+        if not isinstance(stage, str) or not stage.strip():
+            raise ConfigError("ledger stage name must be a non-empty string")
+        if not isinstance(reason, str) or not reason.strip():
+            raise ConfigError(f"stage {stage!r}: mark_not_private needs a reason")
+        with closing(_connect(self.path)) as conn:
+            conn.executescript(_NOT_PRIVATE_SCHEMA)
+            conn.execute("INSERT OR IGNORE INTO not_private (stage, reason, timestamp) VALUES (?, ?, ?)",
+                         (stage, reason, _now()))
+
     # ----------------------------------------------------------------------------- reporting
     def to_dict(self) -> dict[str, Any]:
         """Everything, JSON-ready (for metrics.json)."""
         entries = self.entries()
         total, method, candidates = self._compose([e.event() for e in entries])
+        not_private = self.not_private_reasons()
         return {
             "dataset": self.dataset,
+            "private": not not_private,
+            "not_private": not_private,
             "epsilon_budget": self.epsilon_budget,
             "delta": self.delta,
             "created": self.created,
@@ -303,8 +351,10 @@ class PrivacyLedger:
         console = Console(file=buf, width=120, color_system=None, force_terminal=False)
         console.print(table)
         naive = sum(e.epsilon for e in entries)
+        for mark in self.not_private_reasons():
+            console.print(f"NOT PRIVATE ({mark['stage']}): {mark['reason']}", markup=False)
         console.print(
-            f"composed: epsilon={total:.4f} at delta={self.delta:.3g} (bound: {method}); "
+            ("NOT PRIVATE, " if not self.is_private else "") + f"composed: epsilon={total:.4f} at delta={self.delta:.3g} (bound: {method}); "
             f"budget {self.epsilon_budget:g}, remaining {max(0.0, self.epsilon_budget - total):.4f}; "
             f"naive sum of eps {naive:.4f}"
         )
