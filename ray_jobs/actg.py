@@ -3,11 +3,14 @@
     dpsynth run actg --config configs/actg_demo.yaml          # resumes runs/<name> if present
     dpsynth run actg --config configs/actg_demo.yaml --fresh  # old run directory moved aside
 
-Each stage runs in a Ray worker (2 CPUs; stages are sequential, each one uses both cores) and
-gets only the config and the run directory path; stages hand artifacts to each other through the
-run directory. The ``private`` stage is the only one that reads private records. The
-``anchored_rl`` stage runs in a worker of its own runtime environment whose ``DPSYNTH_DATA_DIR``
-points at an empty directory, so even a stray ``data_dir()`` call there finds no private file.
+Each stage runs in a Ray task sized by the config's ``resources`` (default: up to 2 CPUs, no GPU;
+``resources.stages.private: {gpus: 1}`` puts DP-SGD on a GPU node) and gets only the config and the
+run directory path; stages hand artifacts to each other through the run directory, and each
+done-marker records the node (and GPU ids) its stage ran on. Inside a submitted job the run
+directory must be shared storage (``dpsynth_core.storage``). The ``private`` stage is the only one
+that reads private records. The ``anchored_rl`` stage runs in a worker of its own runtime
+environment whose ``DPSYNTH_DATA_DIR`` points at an empty directory, so even a stray
+``data_dir()`` call there finds no private file.
 On a multi-worker DP-SGD config (``generator.num_workers > 1``) the DP-SGD engine itself
 launches the Ray Train job (``ray_jobs/dp_finetune.py``).
 """
@@ -18,45 +21,45 @@ import os
 from pathlib import Path
 
 from dpsynth_core.actg.pipeline import ActgConfig, load_actg_config, run_pipeline
+from dpsynth_core.storage import require_durable_run_dir
+from ray_jobs.cluster import OFFLINE_ENV, ray_session, run_stage_task, stage_options
 
-_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+def _located(fn):
+    """``fn`` with the node and GPU ids it ran on added to its summary (the stage's done-marker)."""
+    def stage(cfg: ActgConfig, root: str) -> dict:
+        from ray_jobs.cluster import where_am_i
+
+        return {**(fn(cfg, root) or {}), "ran_on": where_am_i()}
+
+    stage.__name__ = stage.__qualname__ = getattr(fn, "__name__", "actg_stage")
+    return stage
 
 
 def ray_runner(fn, cfg: ActgConfig, root: str, *, isolated: bool = False) -> dict:
-    """Run ``fn(cfg, root)`` as a Ray task and return its (small, JSON) summary."""
+    """Run ``fn(cfg, root)`` as a Ray task sized by ``cfg.resources``; return its (small, JSON) summary."""
     import ray
 
-    cpus = max(1, min(2, int(ray.cluster_resources().get("CPU", 1))))
-    pg = ray.util.get_current_placement_group()
-    if pg is not None:  # inside a Tune trial: the stage must fit the trial's stage bundle
-        cpus = max(1, min(cpus, int(max(b.get("CPU", 0) for b in pg.bundle_specs[-1:]))))
-    env = dict(_ENV)
+    name = getattr(fn, "__name__", "actg_stage")
+    stage = name.removeprefix("stage_")
+    opts = stage_options(cfg.resources.for_stage(stage), stage)
+    env = dict(OFFLINE_ENV)
     if isolated:  # the RL stage: no private data directory reachable from its worker
         empty = Path(root) / "rl" / "no_private_data"
         empty.mkdir(parents=True, exist_ok=True)
         env["DPSYNTH_DATA_DIR"] = str(empty)
-    task = ray.remote(fn).options(num_cpus=cpus, max_retries=0, runtime_env={"env_vars": env},
-                                  name=getattr(fn, "__name__", "actg_stage"))
-    return ray.get(task.remote(cfg, str(Path(root).resolve())))
+    task = ray.remote(_located(fn)).options(**opts, max_retries=0, runtime_env={"env_vars": env}, name=name)
+    return run_stage_task(task, cfg, str(Path(root).resolve()), stage=stage, run_dir=root)
 
 
 def main(config_path: Path, resume: bool = True) -> Path:
     """Run (or resume) the ACTG pipeline of ``config_path`` on Ray; return the run directory."""
-    import ray
-
-    for k, v in _ENV.items():
+    for k, v in OFFLINE_ENV.items():
         os.environ.setdefault(k, v)
     cfg = load_actg_config(config_path)
-    started = False
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": _ENV},
-                 configure_logging=True, logging_level="WARNING")
-        started = True
-    try:
+    require_durable_run_dir(cfg.resolved_run_dir())  # a submitted job must write to shared storage
+    with ray_session():
         return run_pipeline(cfg, resume=resume, runner=ray_runner)
-    finally:
-        if started:
-            ray.shutdown()
 
 
 def summary(run_dir: Path) -> str:

@@ -25,6 +25,8 @@ from pydantic import Field, model_validator
 
 from dpsynth_core.config import StrictConfig, load_config
 from dpsynth_core.errors import ConfigError
+from dpsynth_core.storage import RunDirPath, require_durable_run_dir
+from ray_jobs.cluster import ensure_ray
 
 
 class BatchGenerateConfig(StrictConfig):
@@ -47,7 +49,7 @@ class BatchGenerateConfig(StrictConfig):
     cpus_per_actor: float = Field(1.0, gt=0)
     gpus_per_actor: float = Field(0.0, ge=0)
     shard_size: int = Field(1000, gt=0)
-    output_dir: Path = Path("runs/batch_generate")
+    output_dir: RunDirPath = Path("runs/batch_generate")  # a path or file:// URI (shared storage on a cluster)
     output_format: Literal["parquet", "jsonl"] = "parquet"
 
     @model_validator(mode="after")
@@ -123,8 +125,7 @@ def run(config: BatchGenerateConfig) -> dict:
     config.output_dir.mkdir(parents=True, exist_ok=True)
     n_shards = (len(prompts) + config.shard_size - 1) // config.shard_size
     todo = [i for i in range(n_shards) if not _shard_path(config, i).exists()]
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False)
+    ensure_ray()  # join the cluster (RAY_ADDRESS / submitted job) or embed a local Ray
     ray.data.DataContext.get_current().enable_progress_bars = False  # our bar counts shards
     start = time.perf_counter()
     rows = 0
@@ -156,6 +157,7 @@ def run(config: BatchGenerateConfig) -> dict:
 
 def main(config_path: Path, resume: bool = True) -> Path:
     config = load_config(config_path, BatchGenerateConfig)
+    require_durable_run_dir(config.output_dir, "output_dir")  # a submitted job must write to shared storage
     if not resume and config.output_dir.exists() and any(config.output_dir.glob("shard-*")):
         raise ConfigError(f"{config.output_dir}: already holds shards; remove it or run with resume")
     summary = run(config)

@@ -1,4 +1,4 @@
-"""Connect to a Ray cluster when one is given, embed a local Ray otherwise.
+"""Connect to a Ray cluster when one is given, embed a local Ray otherwise; size stage requests.
 
 Every driver calls :func:`ensure_ray` instead of ``ray.init``:
 
@@ -8,19 +8,35 @@ Every driver calls :func:`ensure_ray` instead of ``ray.init``:
   when given), quietly.
 
 It returns whether this call started Ray, so the caller shuts down only what it started.
+:func:`stage_options` turns a :class:`~dpsynth_core.resources.StageResources` into Ray task/actor
+options that fit the cluster (or the enclosing Tune trial), and :func:`where_am_i` is what a stage
+records about the node it ran on.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from contextlib import contextmanager
 
+from dpsynth_core.errors import ConfigError, DpsynthError
+from dpsynth_core.resources import StageResources
+
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+_JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in a submitted job's driver
 
 
 def cluster_address(address: str | None = None) -> str | None:
     """The cluster to join: ``address``, else ``RAY_ADDRESS``; None means embed a local Ray."""
     return address or os.environ.get("RAY_ADDRESS") or None
+
+
+def _job_env_vars() -> dict:
+    """The env_vars of the submitted job's runtime_env (empty outside a job)."""
+    try:
+        return json.loads(os.environ.get(_JOB_CONFIG_ENV, "{}")).get("runtime_env", {}).get("env_vars", {}) or {}
+    except (ValueError, AttributeError):
+        return {}
 
 
 def ensure_ray(address: str | None = None, *, num_cpus: int | None = None, num_gpus: int | None = None,
@@ -30,7 +46,9 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None, num_g
 
     if ray.is_initialized():
         return False
-    env = {**OFFLINE_ENV, **(env_vars or {})}
+    # Ray refuses to merge a driver's env var with the same key in the job's runtime_env: the job's wins.
+    job_env = _job_env_vars()
+    env = {k: v for k, v in {**OFFLINE_ENV, **(env_vars or {})}.items() if k not in job_env}
     target = cluster_address(address)
     common = dict(include_dashboard=False, log_to_driver=True, configure_logging=True, logging_level="WARNING",
                   runtime_env={"env_vars": env})
@@ -53,3 +71,65 @@ def ray_session(address: str | None = None, **kwargs):
     finally:
         if started:
             ray.shutdown()
+
+
+def _largest_node() -> tuple[float, float]:
+    """(CPUs, GPUs) of the alive nodes' largest offers (each maximised separately)."""
+    import ray
+
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    return max((n.get("CPU", 0.0) for n in nodes), default=0.0), max((n.get("GPU", 0.0) for n in nodes), default=0.0)
+
+
+def stage_options(resources: StageResources, stage: str) -> dict:
+    """Ray ``num_cpus``/``num_gpus``/``memory`` for one stage.
+
+    An open ``cpus`` takes up to 2 of what the largest node offers; inside a Tune trial the
+    request is capped by the trial's stage bundle (the last one). A request no alive node can
+    hold is a ConfigError now, not a task pending forever."""
+    import ray
+
+    max_cpu, max_gpu = _largest_node()
+    opts = resources.ray_options(max_cpus=max(1.0, max_cpu))
+    pg = ray.util.get_current_placement_group()
+    if pg is not None:  # inside a Tune trial: the stage must fit the trial's stage bundle
+        bundle = pg.bundle_specs[-1]
+        opts["num_cpus"] = min(opts["num_cpus"], bundle.get("CPU", opts["num_cpus"]))
+        opts["num_gpus"] = min(opts["num_gpus"], bundle.get("GPU", 0.0))
+    elif opts["num_cpus"] > max_cpu or opts["num_gpus"] > max_gpu:
+        raise ConfigError(
+            f"stage '{stage}' asks for {opts['num_cpus']:g} CPU(s) and {opts['num_gpus']:g} GPU(s), but the largest "
+            f"node of this Ray cluster offers {max_cpu:g} CPU(s) and {max_gpu:g} GPU(s): lower "
+            f"resources (e.g. resources.stages.{stage}) or add a node that fits")
+    return opts
+
+
+class StageLostError(DpsynthError):
+    """A stage's task died with its node or worker; what completed before is kept for a resume."""
+
+
+def run_stage_task(task, *args, stage: str, run_dir: str):
+    """``ray.get(task.remote(*args))``; a stage lost with its node/worker becomes one clear error.
+
+    Stages run with ``max_retries=0``: a DP stage is never silently re-run by Ray. Its ledger
+    events and completion markers are in the run directory, so resubmitting the same config resumes
+    and charges nothing twice."""
+    import ray
+    from ray import exceptions as rx
+
+    try:
+        return ray.get(task.remote(*args))
+    except (rx.NodeDiedError, rx.WorkerCrashedError, rx.ObjectLostError, rx.OwnerDiedError,
+            rx.LocalRayletDiedError, rx.TaskUnschedulableError) as exc:
+        raise StageLostError(
+            f"stage '{stage}' was lost: its node or worker died ({type(exc).__name__}). Completed stages and the "
+            f"privacy ledger are in {run_dir}; resubmit the same config to resume (recorded DP charges are not "
+            "repeated)") from None
+
+
+def where_am_i() -> dict:
+    """The node and the GPU ids of the current Ray task/actor (recorded in stage summaries)."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    return {"node_id": ctx.get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}

@@ -14,8 +14,8 @@ import ray
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.pe.config import PLMConfig
 from dpsynth_core.pe.llm import LLM, GenerationParams, HFLocalLLM, OpenAICompatibleLLM, clean_completion, format_prompt
-
-_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+from dpsynth_core.resources import StageResources
+from ray_jobs.cluster import OFFLINE_ENV, ensure_ray, stage_options
 
 
 @ray.remote
@@ -40,12 +40,18 @@ class _RefResult:
         return ray.get(self.ref)
 
 
+def plm_resources(cfg: PLMConfig) -> StageResources:
+    """The PLM's Ray request: ``resources`` when given (a GPU PLM says ``gpus: 1``), else its torch threads' CPUs."""
+    return (cfg.resources or StageResources()).over(StageResources(cpus=cfg.num_threads, gpus=0))
+
+
 class RayActorLLM(LLM):
-    """A PLM in a dedicated Ray actor (``num_cpus`` = its torch threads)."""
+    """A PLM in a dedicated Ray actor, sized by :func:`plm_resources`."""
 
     def __init__(self, cfg: PLMConfig) -> None:
         self.name = cfg.display_name
-        self.actor = PLMActor.options(num_cpus=cfg.num_threads, runtime_env={"env_vars": _ENV}).remote(
+        opts = stage_options(plm_resources(cfg), f"PLM {cfg.display_name}")
+        self.actor = PLMActor.options(**opts, runtime_env={"env_vars": OFFLINE_ENV}).remote(
             cfg.model, cfg.batch_size, cfg.num_threads
         )
 
@@ -122,8 +128,9 @@ def deploy_serve_plms(plms: Sequence[PLMConfig], max_new_tokens: int = 512, app_
     names = serve_deployment_names(plms)
     config = ServeConfig(
         app_name=app_name,
-        models=[{"name": n, "model": p.model, "max_batch_size": p.batch_size, "num_cpus": p.num_threads,
-                 "torch_threads": p.num_threads, "max_ongoing_requests": 1024} for n, p in zip(names, plms)],
+        models=[{"name": n, "model": p.model, "max_batch_size": p.batch_size, "num_cpus": r.cpus,
+                 "num_gpus": r.gpus or 0, "torch_threads": p.num_threads, "max_ongoing_requests": 1024}
+                for n, p, r in zip(names, plms, (plm_resources(p) for p in plms))],
         http={"enabled": False},
         limits={"max_tokens": max(512, max_new_tokens), "max_prompts": 64, "max_sequences": 256},
     )
@@ -133,8 +140,8 @@ def deploy_serve_plms(plms: Sequence[PLMConfig], max_new_tokens: int = 512, app_
 def make_llms(plms: Sequence[PLMConfig], max_new_tokens: int = 512) -> list[LLM]:
     """One backend per configured PLM; actors are started together and awaited once; PLMs with
     ``backend: serve`` share one Serve app (one Generator deployment each)."""
-    if any(p.backend in ("ray_actor", "serve") for p in plms) and not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": _ENV})
+    if any(p.backend in ("ray_actor", "serve") for p in plms):
+        ensure_ray()  # join the cluster (RAY_ADDRESS / submitted job) or embed a local Ray
     serve_idx = [k for k, p in enumerate(plms) if p.backend == "serve"]
     serve_llms: dict[int, LLM] = {}
     if serve_idx:

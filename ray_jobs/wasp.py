@@ -6,12 +6,15 @@ from pathlib import Path
 
 import ray
 
-from dpsynth_core.pe.pipeline import run_pipeline
+from dpsynth_core.pe.pipeline import load_pe_config, run_pipeline
+from dpsynth_core.storage import require_durable_run_dir
 from ray_jobs.pe_backends import make_llms
 
 
 def main(config_path: Path, resume: bool = True) -> Path:
     """Run (or resume) WASP from ``config_path``; returns the run directory."""
+    # a submitted job must write to shared storage, not to its temporary working directory
+    require_durable_run_dir(load_pe_config(config_path, "wasp").run_dir)
     started = not ray.is_initialized()
     try:
         return run_pipeline(config_path, "wasp", make_llms, resume=resume)

@@ -10,6 +10,7 @@ the job's ``working_dir`` (configs, schemas) without .venv, runs or .git.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import time
 from pathlib import Path
@@ -76,11 +77,10 @@ def submit(
         metadata={"submitted_by": "dpsynth"},
     )
     typer.echo(f"submitted {job_id}: {entrypoint}")
-    if wait:
-        status = _follow(client, job_id)
-        typer.echo(f"{job_id}: {status}")
-        if status != "SUCCEEDED":
-            raise typer.Exit(1)
+    if not wait:  # the id is the handle: `dpsynth jobs logs ID --follow`, `dpsynth jobs status ID`
+        typer.echo(f"follow it with: dpsynth jobs logs {job_id} --follow" + (f" --address {address}" if address else ""))
+        return
+    _finish(client, job_id, _follow(client, job_id))
 
 
 def _submit_with_retry(client, attempts: int = 30, wait_s: float = 2.0, **job) -> str:
@@ -97,10 +97,43 @@ def _submit_with_retry(client, attempts: int = 30, wait_s: float = 2.0, **job) -
     raise AssertionError("unreachable")
 
 
+ERROR_LINE = re.compile(r"^(error: .+|([A-Za-z_][\w.]*)?(Error|Exception|Exit|Interrupt|Failure)\b(\(.*\))?(: .*)?)$")
+
+
+def error_line(logs: str, fallback: str | None = None) -> str | None:
+    """The line that says why a job failed: the last ``error: ...`` (dpsynth's one-line errors) or
+    exception line (the end of a Python traceback) of its logs, else ``fallback`` (Ray's message)."""
+    for line in reversed(logs.splitlines()):
+        line = line.strip()
+        if ERROR_LINE.match(line):
+            return line
+    return fallback
+
+
+def _failure(client, job_id: str, logs: str | None = None) -> str:
+    info = client.get_job_info(job_id)
+    logs = client.get_job_logs(job_id) if logs is None else logs
+    message = (info.message or "").strip().splitlines()
+    return error_line(logs, message[0] if message else None) or "no error line in the job's logs"
+
+
+def _finish(client, job_id: str, status: str) -> None:
+    """After following a job: its final status; a failed job's error line (stderr) and exit status 1."""
+    if status == "SUCCEEDED":
+        typer.echo(f"{job_id}: {status}")
+        return
+    typer.echo(f"{job_id}: {status}: {_failure(client, job_id)}", err=True)
+    raise typer.Exit(1)
+
+
+def _status(client, job_id: str) -> str:
+    return str(client.get_job_status(job_id)).split(".")[-1]
+
+
 def _follow(client, job_id: str, poll_s: float = 1.0) -> str:
     printed = 0
     while True:
-        status = str(client.get_job_status(job_id)).split(".")[-1]
+        status = _status(client, job_id)
         logs = client.get_job_logs(job_id)
         if len(logs) > printed:
             typer.echo(logs[printed:], nl=False)
@@ -119,18 +152,29 @@ def list_jobs(address: str | None = _ADDRESS) -> None:
 
 @app.command()
 def status(job_id: str, address: str | None = _ADDRESS) -> None:
-    """Print a job's status (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED)."""
-    typer.echo(str(_client(address).get_job_status(job_id)).split(".")[-1])
+    """Print a job's status (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED); a failed job's error line follows."""
+    client = _client(address)
+    state = _status(client, job_id)
+    typer.echo(state)
+    if state == "FAILED":
+        typer.echo(f"error line: {_failure(client, job_id)}")
 
 
 @app.command()
 def logs(job_id: str, address: str | None = _ADDRESS, follow: bool = typer.Option(False, "--follow", "-f")) -> None:
-    """Print a job's logs (with --follow, until it ends)."""
+    """Print a job's logs; with --follow, stream them until the job ends. A failed job's error line
+    comes first (after the stream when following), then the traceback; the exit status is 1."""
     client = _client(address)
     if follow:
-        _follow(client, job_id)
-    else:
-        typer.echo(client.get_job_logs(job_id), nl=False)
+        _finish(client, job_id, _follow(client, job_id))
+        return
+    text = client.get_job_logs(job_id)
+    failed = _status(client, job_id) == "FAILED"
+    if failed:
+        typer.echo(f"{job_id}: FAILED: {_failure(client, job_id, text)}", err=True)
+    typer.echo(text, nl=False)
+    if failed:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -63,16 +63,19 @@ def _healthy(url: str, timeout: float = 2.0) -> bool:
 @app.command()
 def start(
     config: Path = typer.Option(..., "--config", "-c", help="Serve config YAML (serving.config.ServeConfig)."),
-    address: str | None = typer.Option(None, "--address", help="Ray cluster (ray://host:10001); default: embedded local Ray."),
+    address: str | None = typer.Option(
+        None, "--address", help="Ray cluster (ray://host:10001); default: $RAY_ADDRESS, else an embedded local Ray."),
     detach: bool = typer.Option(False, "--detach", help="Return once the service is up."),
     num_cpus: int = typer.Option(2, "--num-cpus", help="CPUs of the embedded local Ray."),
     ready_timeout_s: float = typer.Option(600.0, "--ready-timeout", help="Seconds to wait for --detach."),
 ) -> None:
     """Deploy the generation app and print its URL."""
     from dpsynth_core.config import load_config
+    from ray_jobs.cluster import cluster_address
     from serving.app import api_key_digest, http_url
     from serving.config import ServeConfig
 
+    address = cluster_address(address)  # --address, else RAY_ADDRESS; None: embedded local Ray
     cfg = load_config(config, ServeConfig)
     api_key_digest(cfg)  # fail now, not in the background, if the key's env var is missing
     url = http_url(cfg)
@@ -104,11 +107,10 @@ def start(
 
     from serving.app import deploy
 
+    from ray_jobs.cluster import ensure_ray
+
     env = {"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
-    if address is None:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env={"env_vars": env})
-    else:
-        ray.init(address=address, runtime_env={"env_vars": env})
+    ensure_ray(address, num_cpus=None if address else num_cpus, env_vars=env)  # join, or embed num_cpus
     deploy(cfg)
     _write_state({"pid": os.getpid(), "url": url, "app_name": cfg.app_name, "address": address,
                   "config": str(config.resolve())})
@@ -166,7 +168,9 @@ def stop(timeout_s: float = typer.Option(60.0, "--timeout")) -> None:
         import ray
         from ray import serve
 
-        ray.init(address=state["address"])
+        from ray_jobs.cluster import ensure_ray
+
+        ensure_ray(state["address"])
         serve.delete(state["app_name"])
         ray.shutdown()
     elif _alive(state.get("pid")):
