@@ -34,11 +34,14 @@ def api_key_digest(config: ServeConfig) -> str | None:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
-def _generator_options(model: ModelDeploymentConfig) -> dict:
+def _generator_options(model: ModelDeploymentConfig, retry_after_s: int) -> dict:
     options: dict = {
         "name": generator_deployment_name(model.name),
         "ray_actor_options": {"num_cpus": model.num_cpus, "num_gpus": model.num_gpus},
         "max_ongoing_requests": model.ongoing_requests(),
+        # Serve refuses what does not fit (BackPressureError; the ingress answers 503 + Retry-After).
+        "max_queued_requests": model.queued_requests(),
+        "backpressure_config": {"status_code": 503, "retry_after_s": retry_after_s},
     }
     if model.autoscaling is not None:
         a = model.autoscaling
@@ -55,12 +58,19 @@ def _generator_options(model: ModelDeploymentConfig) -> dict:
 def build_generation_app(config: ServeConfig):
     """The whole app: one Generator deployment per configured model, BestOfN, MultiPLMRouter, ingress."""
     limits = config.limits.model_dump()
+    retry_after_s = config.limits.retry_after_s
     generators = {
-        m.name: Generator.options(**_generator_options(m)).bind(m.model_dump(), limits) for m in config.models
+        m.name: Generator.options(**_generator_options(m, retry_after_s)).bind(m.model_dump(), limits)
+        for m in config.models
     }
-    best = BestOfN.bind(generators, config.best_of_n.model_dump(), limits)
+    best = BestOfN.bind(generators, config.best_of_n.model_dump(), limits, {m.name: m.capacity() for m in config.models})
     router = MultiPLMRouter.bind(generators)
-    return OpenAIIngress.bind(generators, best, router, config.model_dump(), api_key_digest(config))
+    # HTTP beyond the ingress's own limits: Serve's proxy answers 503 + Retry-After.
+    ingress = OpenAIIngress.options(
+        max_ongoing_requests=config.http.max_ongoing_requests, max_queued_requests=config.http.max_queued_requests,
+        backpressure_config={"status_code": 503, "retry_after_s": retry_after_s},
+    )
+    return ingress.bind(generators, best, router, config.model_dump(), api_key_digest(config))
 
 
 def http_url(config: ServeConfig) -> str:

@@ -45,6 +45,9 @@ class ModelDeploymentConfig(StrictConfig):
     max_batch_size: int = Field(32, ge=1, le=1024)  # rows (prompt x sample) per forward batch
     batch_wait_timeout_s: float = Field(0.05, ge=0, le=10)
     max_ongoing_requests: int | None = Field(None, ge=1)  # default: 2 x max_batch_size
+    # Requests each caller (ingress, BestOfN) may queue for this model beyond what its replicas hold;
+    # one more is refused (HTTP 503 + Retry-After) instead of piling up. Default: max_ongoing_requests.
+    max_queued_requests: int | None = Field(None, ge=1)
     num_cpus: float = Field(1.0, ge=0)
     num_gpus: float = Field(0.0, ge=0)
     torch_threads: int = Field(2, ge=1)
@@ -68,6 +71,14 @@ class ModelDeploymentConfig(StrictConfig):
     def ongoing_requests(self) -> int:
         return self.max_ongoing_requests or 2 * self.max_batch_size
 
+    def queued_requests(self) -> int:
+        return self.max_queued_requests or self.ongoing_requests()
+
+    def capacity(self) -> int:
+        """Requests one caller can have in flight to this model before Serve refuses the next."""
+        replicas = self.autoscaling.max_replicas if self.autoscaling is not None else self.num_replicas
+        return replicas * self.ongoing_requests() + self.queued_requests()
+
 
 class LimitsConfig(StrictConfig):
     """Caps enforced on every request (HTTP and Python handle)."""
@@ -78,7 +89,14 @@ class LimitsConfig(StrictConfig):
     max_sequences: int = Field(256, ge=1)  # prompts x n per request
     max_prompt_chars: int = Field(16000, ge=1)
     max_prompt_tokens: int = Field(2048, ge=1)
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)  # counted on the stream, chunked bodies too
+    # Work per HTTP request, in new tokens: n x max_tokens per prompt, prompts x n x max_tokens in all.
+    # (One n=16 x 512-token request kept a CPU replica busy for minutes.)
+    max_tokens_per_prompt: int = Field(4096, ge=1)
+    max_tokens_per_request: int = Field(32768, ge=1)
+    # An HTTP generation request still running after this is cancelled (its rows stop decoding): 504.
+    request_timeout_s: float = Field(300.0, gt=0, le=3600)
+    retry_after_s: int = Field(5, ge=0, le=3600)  # Retry-After of a 503 when a model's queue is full
 
 
 class HttpConfig(StrictConfig):
@@ -90,6 +108,10 @@ class HttpConfig(StrictConfig):
     route_prefix: str = "/"
     # Name of an environment variable holding the API key; None = no key required.
     api_key_env: str | None = None
+    # /ready answers 503 when a generator does not answer a ping within this (queue full or stuck).
+    ready_probe_timeout_s: float = Field(2.0, gt=0, le=60)
+    max_ongoing_requests: int = Field(512, ge=1)  # HTTP requests the ingress holds; more queue at the proxy
+    max_queued_requests: int = Field(512, ge=1)  # then the proxy answers 503 + Retry-After
 
     @field_validator("route_prefix")
     @classmethod

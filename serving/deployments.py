@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
 from collections import Counter, deque
 
@@ -63,6 +64,7 @@ class Generator:
         self._batch_histogram: Counter[int] = Counter()
         self._tokens_generated = 0
         self._busy_s = 0.0
+        self._pending_rows = 0  # rows accepted and not finished (queued in a batch or decoding)
         self._metric = None
         try:  # exported to Prometheus through Ray's metrics agent when one runs
             from ray.serve.metrics import Histogram
@@ -80,7 +82,15 @@ class Generator:
         """Like :meth:`generate`, with token counts and finish reasons (for the OpenAI routes)."""
         request = _as_request(request, GenerationRequest)
         check_limits(self.limits, prompts=request.prompts, max_new_tokens=request.max_new_tokens, n=request.n)
-        outputs = await asyncio.gather(*(self._submit(job) for job in expand_jobs(request)))
+        cancelled = threading.Event()
+        self._pending_rows += len(request.prompts) * request.n
+        try:
+            outputs = await asyncio.gather(*(self._submit(job) for job in expand_jobs(request, cancelled)))
+        except asyncio.CancelledError:  # the caller timed out or went away: stop decoding its rows
+            cancelled.set()
+            raise
+        finally:
+            self._pending_rows -= len(request.prompts) * request.n
         n = request.n
         return GenerationResult([list(outputs[i * n:(i + 1) * n]) for i in range(len(request.prompts))])
 
@@ -122,6 +132,10 @@ class Generator:
             "busy_seconds": round(self._busy_s, 3),
         }
 
+    async def ping(self) -> dict:
+        """Answered by the replica's event loop (decoding runs in a thread); the readiness probe's target."""
+        return {"model": self.settings.name, "pending_rows": self._pending_rows}
+
     def info(self) -> dict:
         s = self.settings
         return {"name": s.name, "model": s.model, "adapter": s.adapter, "backend": s.backend}
@@ -131,10 +145,13 @@ class Generator:
 class BestOfN:
     """Fans N candidates per prompt out to a generator's replicas and keeps the best-scoring one."""
 
-    def __init__(self, generators: dict, settings: dict, limits: dict) -> None:
+    def __init__(self, generators: dict, settings: dict, limits: dict, capacities: dict | None = None) -> None:
         from serving.scorers import load_scorer
 
         self.generators = generators  # name -> DeploymentHandle
+        # At most a generator's capacity of candidate calls in flight from here: a large N x prompts
+        # waits its turn instead of overflowing the generator's queue (which would refuse it).
+        self._slots = {name: asyncio.Semaphore(cap) for name, cap in (capacities or {}).items()}
         self.default_model = next(iter(generators))
         self.settings = BestOfNSettings.model_validate(settings)
         self.limits = LimitsConfig.model_validate(limits)
@@ -162,17 +179,23 @@ class BestOfN:
             raise UnknownModelError(f"'model': unknown model '{model}'; served: {', '.join(self.generators)}")
         scorer = self._scorer(request.scorer)
         handle = self.generators[model]
-        # One single-row call per candidate, so Serve's router spreads them over all replicas
-        # (and each replica's @serve.batch merges what lands on it).
-        calls = [
-            handle.generate.remote(GenerationRequest(
+        slots = self._slots.get(model)
+
+        async def candidate(i: int, prompt: str, j: int) -> str:
+            # One single-row call per candidate, so Serve's router spreads them over all replicas
+            # (and each replica's @serve.batch merges what lands on it).
+            call = GenerationRequest(
                 prompts=[prompt], n=1, max_new_tokens=request.max_new_tokens, temperature=request.temperature,
                 top_p=request.top_p, seed=None if request.seed is None else row_seed(request.seed, i, j),
-            ))
-            for i, prompt in enumerate(request.prompts)
-            for j in range(request.n)
-        ]
-        flat = [rows[0][0] for rows in await asyncio.gather(*calls)]
+            )
+            if slots is None:
+                return (await handle.generate.remote(call))[0][0]
+            async with slots:
+                return (await handle.generate.remote(call))[0][0]
+
+        flat = list(await asyncio.gather(*(
+            candidate(i, prompt, j) for i, prompt in enumerate(request.prompts) for j in range(request.n)
+        )))
         metadata = request.metadata or [{} for _ in request.prompts]
         return await asyncio.to_thread(self._score, request.prompts, flat, metadata, request.n, scorer)
 

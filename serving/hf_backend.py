@@ -138,6 +138,11 @@ class HFBackend:
         positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
         step_ids, cache = input_ids, None
         for _ in range(max(budgets)):
+            for r, job in enumerate(jobs):  # a cancelled request (timeout, client gone) frees its rows' work
+                if job.cancelled is not None and job.cancelled.is_set():
+                    done[r] = True
+            if all(done):
+                break
             out = self.model(
                 input_ids=step_ids,
                 attention_mask=attention,

@@ -3,12 +3,20 @@
 The same deployment is the app's Python entry point: ``serve.get_app_handle(name)`` gives a handle
 with ``generate``, ``best_of_n``, ``generate_multi``, ``models`` and ``stats``.
 
-Safety: bodies are validated (422) and capped (400) with messages that name the field, never echo
-the value; an optional API key is compared by SHA-256 digest; nothing here logs a body.
+Safety: bodies are validated (422) and capped (400; 413 past ``limits.max_body_bytes``, counted on
+the stream) with messages that name the field, never echo the value; an optional API key is compared
+by SHA-256 digest; nothing here logs a body.
+
+Under load: each HTTP request's work (n x max_tokens, prompts x n x max_tokens) is capped (400); a
+request still running after ``limits.request_timeout_s`` is cancelled (504); a model whose Serve
+queue is full answers 503 with ``Retry-After``. ``/health`` is liveness (the ingress answers);
+``/ready`` is readiness: 503 while a model's queue is saturated or a generator does not answer a
+ping within ``http.ready_probe_timeout_s``.
 """
 
 # No `from __future__ import annotations`: FastAPI must see real types on the Serve-wrapped methods.
 
+import asyncio
 import hashlib
 import hmac
 import time
@@ -20,7 +28,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 
+from serving.body_cap import BodyCapMiddleware
 from serving.config import ServeConfig
 from serving.schemas import (
     BestOfNRequest,
@@ -30,6 +40,7 @@ from serving.schemas import (
     RequestLimitError,
     UnknownModelError,
     check_limits,
+    check_work,
 )
 
 api = FastAPI(title="dpsynth generation", docs_url=None, redoc_url=None, openapi_url=None)
@@ -37,19 +48,21 @@ _MAX_BODY = {"bytes": 4 * 1024 * 1024}  # set from the config when the ingress s
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 headers: dict | None = None):
         super().__init__(message)
-        self.status, self.message, self.kind, self.param = status, message, kind, param
+        self.status, self.message, self.kind, self.param, self.headers = status, message, kind, param, headers
 
 
-def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind, "param": param,
-                                                               "code": None}})
+def _error(status: int, message: str, kind: str, param: str | None = None, headers: dict | None = None
+           ) -> JSONResponse:
+    return JSONResponse(status_code=status, headers=headers,
+                        content={"error": {"message": message, "type": kind, "param": param, "code": None}})
 
 
 @api.exception_handler(APIError)
 async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-    return _error(exc.status, exc.message, exc.kind, exc.param)
+    return _error(exc.status, exc.message, exc.kind, exc.param, exc.headers)
 
 
 @api.exception_handler(RequestValidationError)
@@ -62,13 +75,7 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
     return _error(422, "invalid request: " + "; ".join(parts), "invalid_request_error")
 
 
-@api.middleware("http")
-async def _body_cap(request: Request, call_next):
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > _MAX_BODY["bytes"]:
-        return _error(413, f"request body of {length} bytes exceeds the limit of {_MAX_BODY['bytes']}",
-                      "invalid_request_error")
-    return await call_next(request)
+api.add_middleware(BodyCapMiddleware, max_bytes=lambda: _MAX_BODY["bytes"])
 
 
 class _Body(BaseModel):
@@ -154,6 +161,17 @@ def _message_text(message: ChatMessage, index: int) -> str:
     return "".join(texts)
 
 
+def _nonempty_text(message: ChatMessage, index: int) -> str:
+    text = _message_text(message, index)
+    if not text.strip():
+        raise APIError(400, f"'messages.{index}.content': must not be empty or whitespace-only", param="messages")
+    return text
+
+
+async def _awaited(response):
+    return await response
+
+
 def cause_message(exc: BaseException) -> str:
     """The message of the original error, without the remote traceback Ray wraps around it."""
     return str(getattr(exc, "cause", None) or exc)
@@ -177,6 +195,8 @@ class OpenAIIngress:
         self.api_key_sha256 = api_key_sha256
         _MAX_BODY["bytes"] = self.limits.max_body_bytes
         self.created = int(time.time())
+        self.capacity = {m.name: m.capacity() for m in self.config.models}
+        self.in_flight = {name: 0 for name in self.generators}  # this ingress's calls per model
 
     # ---- helpers -------------------------------------------------------------------------
     def _authorize(self, request: Request) -> None:
@@ -195,18 +215,46 @@ class OpenAIIngress:
             raise UnknownModelError(f"'model': unknown model '{name}'; served: {', '.join(self.generators)}")
         return self.generators[name]
 
-    async def _run(self, model: str, request: GenerationRequest) -> GenerationResult:
+    def _deadline(self) -> float:
+        return time.monotonic() + self.limits.request_timeout_s
+
+    async def _call(self, model: str | None, method: str, *args, deadline: float):
+        """One generator call under the request's deadline; Serve's refusals and the timeout as HTTP errors."""
+        name = model or next(iter(self.generators))
+        response = getattr(self._generator(name), method).remote(*args)
+        self.in_flight[name] += 1
         try:
-            return await self._generator(model).generate_detailed.remote(request)
+            return await asyncio.wait_for(_awaited(response), timeout=max(deadline - time.monotonic(), 0.0))
+        except asyncio.TimeoutError:
+            response.cancel()  # the replica stops decoding this request's rows
+            raise APIError(504, f"the request did not finish within {self.limits.request_timeout_s:g} s "
+                                "(limits.request_timeout_s) and was cancelled; lower n or max_tokens, or retry later",
+                           kind="timeout_error") from None
+        except BackPressureError:
+            retry = self.limits.retry_after_s
+            raise APIError(503, f"model '{name}' is at capacity (its request queue is full); retry in {retry} s",
+                           kind="overloaded_error", headers={"Retry-After": str(retry)}) from None
+        except DeploymentUnavailableError:
+            raise APIError(503, f"model '{name}' is not available right now", kind="overloaded_error",
+                           headers={"Retry-After": str(self.limits.retry_after_s)}) from None
         except RequestLimitError as exc:  # raised in the replica, re-raised here as a subclass
             raise APIError(400, cause_message(exc)) from None
         except UnknownModelError as exc:
             raise APIError(404, cause_message(exc), kind="not_found_error", param="model") from None
+        finally:
+            self.in_flight[name] -= 1
 
-    def _checked(self, *, model: str, prompts: list[str], max_tokens: int, n: int) -> None:
+    async def _run(self, model: str, request: GenerationRequest, deadline: float) -> GenerationResult:
+        return await self._call(model, "generate_detailed", request, deadline=deadline)
+
+    def _checked(self, *, model: str, prompts: list[str], max_tokens: int, n: int, generated: int | None = None
+                 ) -> None:
+        """``generated``: how many prompts are generated from (chat: 1, whatever the number of messages)."""
         try:
             self._generator(model)
             check_limits(self.limits, prompts=prompts, max_new_tokens=max_tokens, n=n)
+            check_work(self.limits, prompts=len(prompts) if generated is None else generated,
+                       max_new_tokens=max_tokens, n=n)
         except UnknownModelError as exc:
             raise APIError(404, str(exc), kind="not_found_error", param="model") from None
         except RequestLimitError as exc:
@@ -222,7 +270,34 @@ class OpenAIIngress:
 
     @api.get("/health")
     async def health(self) -> dict:
+        """Liveness: the ingress answers (it says nothing about load; see /ready)."""
         return {"status": "ok", "models": list(self.generators)}
+
+    @api.get("/ready")
+    async def ready(self) -> JSONResponse:
+        """Readiness: 200 only if every model has queue room and its generator answers a ping in time."""
+        names = list(self.generators)
+        states = dict(zip(names, await asyncio.gather(*(self._probe(name) for name in names))))
+        ok = all(state == "ready" for state in states.values())
+        headers = None if ok else {"Retry-After": str(self.limits.retry_after_s)}
+        return JSONResponse(status_code=200 if ok else 503, headers=headers,
+                            content={"status": "ready" if ok else "overloaded", "models": states})
+
+    async def _probe(self, name: str) -> str:
+        if self.in_flight[name] >= self.capacity[name]:
+            return f"saturated: {self.in_flight[name]} requests in flight, capacity {self.capacity[name]}"
+        timeout = self.config.http.ready_probe_timeout_s
+        response = self.generators[name].ping.remote()
+        try:
+            await asyncio.wait_for(_awaited(response), timeout=timeout)
+            return "ready"
+        except asyncio.TimeoutError:
+            response.cancel()
+            return f"not answering within {timeout:g} s (replicas busy)"
+        except BackPressureError:
+            return "saturated: request queue full"
+        except Exception as exc:  # a dead or restarting replica: not ready, say what kind of failure
+            return f"unavailable: {type(exc).__name__}"
 
     @api.post("/v1/completions")
     async def completions(self, body: CompletionBody, request: Request) -> dict:
@@ -235,7 +310,7 @@ class OpenAIIngress:
         result = await self._run(body.model, GenerationRequest(
             prompts=prompts, max_new_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
             n=body.n, seed=body.seed, stop=_stops(body.stop),
-        ))
+        ), self._deadline())
         choices = [
             {"text": s.text, "index": i * body.n + j, "logprobs": None, "finish_reason": s.finish_reason}
             for i, row in enumerate(result.completions) for j, s in enumerate(row)
@@ -248,15 +323,17 @@ class OpenAIIngress:
         self._authorize(request)
         _reject_unsupported(body)
         max_tokens = body.max_completion_tokens or body.max_tokens or min(256, self.limits.max_tokens)
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": _message_text(m, k)}
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": _nonempty_text(m, k)}
                     for k, m in enumerate(body.messages)]
-        self._checked(model=body.model, prompts=[m["content"] for m in messages], max_tokens=max_tokens, n=body.n)
-        rendered = await self._generator(body.model).render_chat.remote(messages)
+        self._checked(model=body.model, prompts=[m["content"] for m in messages], max_tokens=max_tokens, n=body.n,
+                      generated=1)
+        deadline = self._deadline()
+        rendered = await self._call(body.model, "render_chat", messages, deadline=deadline)
         self._checked(model=body.model, prompts=[rendered], max_tokens=max_tokens, n=body.n)
         result = await self._run(body.model, GenerationRequest(
             prompts=[rendered], max_new_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
             n=body.n, seed=body.seed, stop=_stops(body.stop), chat=True,
-        ))
+        ), deadline)
         choices = [
             {"index": j, "message": {"role": "assistant", "content": s.text}, "logprobs": None,
              "finish_reason": s.finish_reason}

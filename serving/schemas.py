@@ -6,6 +6,7 @@ Error messages name the field and the limit, never the prompt text (prompts may 
 from __future__ import annotations
 
 import random
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -78,6 +79,8 @@ class SequenceJob:
     seed: int
     stop: list[str] = field(default_factory=list)
     add_special_tokens: bool = True
+    # Set when the request is cancelled (timeout, client gone): the decode loop drops the row.
+    cancelled: threading.Event | None = None
 
 
 @dataclass
@@ -111,10 +114,28 @@ def check_limits(limits: LimitsConfig, *, prompts: list[str], max_new_tokens: in
             f"'n' x prompts = {len(prompts) * n} sequences exceed the limit of {limits.max_sequences}"
         )
     for i, prompt in enumerate(prompts):
+        if not prompt.strip():  # nothing to condition on (and an empty row broke the batch: HTTP 500)
+            raise RequestLimitError(f"'prompt[{i}]': must not be empty or whitespace-only")
         if len(prompt) > limits.max_prompt_chars:
             raise RequestLimitError(
                 f"'prompt[{i}]': {len(prompt)} characters exceed the limit of {limits.max_prompt_chars}"
             )
+
+
+def check_work(limits: LimitsConfig, *, prompts: int, max_new_tokens: int, n: int) -> None:
+    """Raise :class:`RequestLimitError` if a request asks for more new tokens than one request may."""
+    per_prompt = n * max_new_tokens
+    if per_prompt > limits.max_tokens_per_prompt:
+        raise RequestLimitError(
+            f"'n' x 'max_tokens' = {n} x {max_new_tokens} = {per_prompt} new tokens per prompt exceed the limit of "
+            f"{limits.max_tokens_per_prompt} (limits.max_tokens_per_prompt): lower n or max_tokens"
+        )
+    total = prompts * per_prompt
+    if total > limits.max_tokens_per_request:
+        raise RequestLimitError(
+            f"prompts x 'n' x 'max_tokens' = {prompts} x {n} x {max_new_tokens} = {total} new tokens exceed the "
+            f"limit of {limits.max_tokens_per_request} (limits.max_tokens_per_request): split the request"
+        )
 
 
 def row_seed(seed: int | None, prompt_index: int, sample_index: int) -> int:
@@ -125,7 +146,7 @@ def row_seed(seed: int | None, prompt_index: int, sample_index: int) -> int:
     return (int(state[0]) << 31) ^ int(state[1])
 
 
-def expand_jobs(request: GenerationRequest) -> list[SequenceJob]:
+def expand_jobs(request: GenerationRequest, cancelled: threading.Event | None = None) -> list[SequenceJob]:
     """Prompt-major rows: prompt 0 samples 0..n-1, then prompt 1, ..."""
     return [
         SequenceJob(
@@ -136,6 +157,7 @@ def expand_jobs(request: GenerationRequest) -> list[SequenceJob]:
             seed=row_seed(request.seed, i, j),
             stop=list(request.stop),
             add_special_tokens=not request.chat,
+            cancelled=cancelled,
         )
         for i, prompt in enumerate(request.prompts)
         for j in range(request.n)
