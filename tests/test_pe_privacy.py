@@ -187,3 +187,18 @@ def test_classes_are_required_not_read_from_private_counts(tmp_path):
         PEConfig(method="wasp", data={"source": "biorxiv", "num_classes": 5})
     cfg = PEConfig(method="augpe", data={"source": "biorxiv", "classes": ["neuroscience", "microbiology"]})
     assert cfg.data.classes == ["neuroscience", "microbiology"]
+
+
+def test_delta_must_be_below_one_over_the_private_set_size(tmp_path):
+    """An explicit delta >= 1/num_private is refused naming the field; the default uses the public
+    num_private, never the size of the secretly drawn set."""
+    from dpsynth_core.errors import ConfigError
+    from dpsynth_core.pe.config import PEConfig
+    from dpsynth_core.pe.pipeline import open_ledger
+    from dpsynth_core.privacy import default_delta
+
+    data = {"source": "biorxiv", "classes": ["neuroscience", "microbiology"], "num_private": 12}
+    with pytest.raises(ConfigError, match=r"field 'delta'.*not below 1/n"):
+        open_ledger(PEConfig(method="wasp", data=data, delta=0.1), tmp_path / "a")
+    (tmp_path / "b").mkdir()
+    assert open_ledger(PEConfig(method="wasp", data=data), tmp_path / "b").delta == pytest.approx(default_delta(12))

@@ -10,7 +10,8 @@
   the guarantee stated for the votes holds for the user's file (its pool), not only for a drawn
   sample; a seeded permutation (public seed) would make neighbouring files give unrelated subsets.
 
-The size of the drawn set varies (about ``num_private``); it is not logged or written.
+The size of the drawn set varies (about ``num_private``); it is not logged, and the ledger's delta
+uses the configured ``num_private`` (only the opt-in, non-DP ``private_only`` baseline reports it).
 """
 
 from __future__ import annotations
