@@ -63,3 +63,20 @@ def test_cli_rejects_bad_config_with_exit_2(tmp_path):
     proc = subprocess.run([sys.executable, "-c", "from dpsynth_core.cli.main import app; app()", "serve", "start", "--config", str(bad)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "models" in proc.stderr
+
+
+def test_work_cap_and_empty_prompts_name_the_field():
+    from serving.schemas import check_work
+
+    limits = ServeConfig(models=[{"name": "a"}], limits={"max_tokens_per_prompt": 100,
+                                                          "max_tokens_per_request": 300}).limits
+    check_work(limits, prompts=3, max_new_tokens=50, n=2)  # 100 per prompt, 300 in all: allowed
+    with pytest.raises(RequestLimitError, match="max_tokens_per_prompt"):
+        check_work(limits, prompts=1, max_new_tokens=51, n=2)
+    with pytest.raises(RequestLimitError, match="max_tokens_per_request"):
+        check_work(limits, prompts=4, max_new_tokens=50, n=2)
+    for prompts, field in ((["", "x"], r"'prompt\[0\]'"), (["x", " \t\n"], r"'prompt\[1\]'")):
+        with pytest.raises(RequestLimitError, match=field):
+            check_limits(limits, prompts=prompts, max_new_tokens=1, n=1)
+    model = ServeConfig(models=[{"name": "a", "max_batch_size": 4, "num_replicas": 2}]).models[0]
+    assert (model.ongoing_requests(), model.queued_requests(), model.capacity()) == (8, 8, 24)

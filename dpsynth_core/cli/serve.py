@@ -95,10 +95,11 @@ def start(
         while time.monotonic() < deadline:
             if child.poll() is not None:
                 raise ConfigError(f"the service exited with status {child.returncode}; see {log}")
-            if _healthy(url):
+            # Up = the child recorded itself (so `serve stop` finds it) and the app answers.
+            if (_read_state() or {}).get("pid") == child.pid and _healthy(url):
                 typer.echo(f"serving at {url}  (OpenAI base_url: {url}/v1, pid {child.pid}, log {log})")
                 return
-            time.sleep(2)
+            time.sleep(0.5)
         os.kill(child.pid, signal.SIGTERM)
         raise ConfigError(f"the service did not become ready within {ready_timeout_s:.0f} s; see {log}")
 
