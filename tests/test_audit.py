@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -112,3 +113,25 @@ def test_audit_passes_with_calibrated_noise():
     assert result.claimed_epsilon == CONFIG.epsilon
     assert result.epsilon_lower_bound < CONFIG.epsilon, result.to_summary()
     assert result.passed
+
+
+def test_cli_refuses_noise_off_without_flag_and_ships_valid_configs(tmp_path):
+    from typer.testing import CliRunner
+
+    from dpsynth_core.cli.audit import AuditJobConfig
+    from dpsynth_core.cli.main import _app
+    from dpsynth_core.config import load_config
+    configs = Path(__file__).resolve().parent.parent / "configs"
+    for name in ("audit_tiny.yaml", "audit_smollm2.yaml"):
+        job = load_config(configs / name, AuditJobConfig)
+        assert job.train.epsilon == 4.0 and job.audit.noise == "calibrated"
+    (tmp_path / "d.csv").write_text("text\n" + "".join(f"row {i}\n" for i in range(30)), encoding="utf-8")
+    (tmp_path / "a.yaml").write_text(
+        f"data: {{path: {tmp_path / 'd.csv'}, text_column: text}}\n"
+        "train: {model: tiny-llama, epsilon: 1.0, delta: 1.0e-5, steps: 2, expected_batch_size: 4}\n"
+        "audit: {canaries: 8, noise: 'off'}\n",
+        encoding="utf-8",
+    )
+    result = CliRunner().invoke(_app, ["audit", "dpsgd", "--config", str(tmp_path / "a.yaml"), "--out", str(tmp_path)])
+    assert isinstance(result.exception, ConfigError) and "test-only" in str(result.exception)
+    assert not (tmp_path / "audit.json").exists()

@@ -33,8 +33,7 @@ class CanarySet:
 def random_token_texts(tokenizer, count: int, length: int, rng: np.random.Generator,
                        exclude: Iterable[str] = ()) -> list[str]:
     """``count`` distinct texts of ``length`` uniformly random non-special tokens, none in ``exclude``."""
-    special = set(tokenizer.all_special_ids)
-    vocab = np.array([i for i in range(len(tokenizer)) if i not in special])
+    vocab = np.setdiff1d(np.arange(len(tokenizer)), np.array(tokenizer.all_special_ids, dtype=int))
     taken = set(exclude)
     texts: list[str] = []
     for _ in range(50 * count):  # collisions are astronomically rare; the cap only stops a bad tokenizer
