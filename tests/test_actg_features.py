@@ -38,7 +38,16 @@ def test_aim_rho_matches_smartnoise_and_stays_within_eps():
         assert ZCdpEvent(rho=rho).epsilon(delta) == pytest.approx(eps, rel=1e-6)
 
 
-def test_aim_respects_eps1_in_ledger(tmp_path):
+def test_aim_respects_eps1_in_ledger(tmp_path, monkeypatch):
+    import snsynth.aim.aim
+    import snsynth.utils
+
+    class Tripwire:  # smartnoise's selection RNG (numpy's global one): must not be used in a real fit
+        def choice(self, *a, **k):
+            raise AssertionError("AIM drew a DP selection from numpy's global RNG")
+
+    monkeypatch.setattr(snsynth.utils, "prng", Tripwire())
+    monkeypatch.setattr(snsynth.aim.aim, "prng", Tripwire())
     real = _real()
     ledger = PrivacyLedger.create(tmp_path, "toy", epsilon_budget=1.5, delta=1e-5)
     synth = synthesize_features(real, SCHEMA, epsilon=1.0, n_rows=250, ledger=ledger, seed=3,
