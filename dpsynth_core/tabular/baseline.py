@@ -39,12 +39,13 @@ def aim_synthesize(
     *,
     epsilon: float,
     ledger,
-    num_rows: int | None = None,
+    num_rows: int,
     stage: str = "aim_baseline",
     bins: int = 16,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """Fit AIM on ``real`` (validated against ``schema``) and sample ``num_rows`` rows."""
+    """Fit AIM on ``real`` (validated against ``schema``) and sample ``num_rows`` rows (a public
+    number: sampling as many rows as the private table has would publish its size)."""
     from snsynth.transform import BinTransformer, LabelTransformer, TableTransformer
     from snsynth.utils import cdp_rho
 
@@ -64,7 +65,7 @@ def aim_synthesize(
     synth = make_aim(float(epsilon), float(ledger.delta), verbose=False)  # secret selection noise
     with contextlib.redirect_stdout(io.StringIO()):
         synth.fit(real, transformer=tt, preprocessor_eps=0.0)
-        out = sample_rows(synth, num_rows or len(real), seed)  # post-processing: seeded sampling only
+        out = sample_rows(synth, num_rows, seed)  # post-processing: seeded sampling only
     ledger.record(stage, event, details={"synthesizer": "aim", "epsilon": epsilon, "delta": ledger.delta, "bins": bins})
     out = pd.DataFrame(out, columns=schema.names)
     for c in schema.columns:
