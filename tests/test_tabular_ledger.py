@@ -29,7 +29,7 @@ def adult_sample(adult_dir):
 def test_domain_estimation_is_charged_and_stays_in_the_candidate_range(tmp_path, adult_sample):
     schema = load_schema(ADULT_SCHEMA).select(["age", "capital_loss", "fnlwgt", "sex", "income"])
     ledger = PrivacyLedger.create(tmp_path, "adult", 1.0, 1e-5)
-    resolved = estimate_domain(schema, adult_sample, epsilon=0.2, ledger=ledger, seed=0)
+    resolved = estimate_domain(schema, adult_sample, epsilon=0.2, ledger=ledger)
     (entry,) = ledger.entries()
     assert entry.stage == "dp_domain" and entry.details["columns"] == ["capital_loss", "fnlwgt"]
     assert entry.epsilon <= 0.2 + 1e-6  # the two histograms compose to the stage's epsilon
@@ -53,7 +53,7 @@ def test_domain_estimation_is_charged_and_stays_in_the_candidate_range(tmp_path,
 def test_group_label_table_is_charged(tmp_path, adult_sample):
     schema = load_schema(ADULT_SCHEMA).select(["age", "sex", "income"])
     ledger = PrivacyLedger.create(tmp_path, "adult", 1.0, 1e-5)
-    counts = dp_group_label_table(adult_sample, schema, "sex", epsilon=0.1, ledger=ledger, seed=0)
+    counts = dp_group_label_table(adult_sample, schema, "sex", epsilon=0.1, ledger=ledger)
     (entry,) = ledger.entries()
     assert entry.stage == "dp_fair_stats" and entry.epsilon <= 0.1 + 1e-6
     assert set(counts) == {"Female", "Male"} and all(set(v) == {"<=50K", ">50K"} for v in counts.values())
@@ -73,7 +73,7 @@ def _tiny_config(tmp_path: Path, **over) -> Path:
                      "learning_rate": 0.005, "max_seq_len": 64, "clipping": "hooks"},
         "fairness": {"lambda_dp": 1.0, "lambda_eo": 0.5, "sensitive": "sex"},
         "generation": {"num_rows": 16, "batch_size": 16, "fairness": {"enabled": True, "max_dp_gap": 0.2, "warmup_rows": 4}},
-        "baseline": {"aim": False}, "evaluate_privacy": True, "use_ray": False,
+        "evaluate_privacy": True, "use_ray": True,
     }
     cfg.update(over)
     path = tmp_path / "cfg.json"
@@ -81,13 +81,31 @@ def _tiny_config(tmp_path: Path, **over) -> Path:
     return path
 
 
-def test_pipeline_ledger_composes_within_epsilon(tmp_path, adult_dir):
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, adult_dir, ray_session):
+    """One tiny DPFairLLM run through the Ray driver (real Ray), every task call recorded."""
+    import ray_jobs.dpfair as dpfair
+    from dpsynth_core.tabular.config import load_dpfair_config
+    from dpsynth_core.tabular.pipeline import run_dpfair
+
+    tmp = tmp_path_factory.mktemp("dpfair")
+    path = _tiny_config(tmp)
+    calls: list[tuple] = []
+
+    def recording_runner(fn, *args):
+        calls.append(args)
+        return dpfair.ray_runner(fn, *args)
+
+    run = run_dpfair(load_dpfair_config(path), runner=recording_runner)
+    return run, path, calls
+
+
+def test_pipeline_ledger_composes_within_epsilon(finished_run):
     """prepare (DP domain of capital_loss) + fair_stats + DP-SGD with the fairness penalty +
     generation: each stage in the ledger, composed total <= the configured epsilon."""
-    import ray_jobs.dpfair as dpfair
     from dpsynth_core.privacy import DpSgdEvent, calibrate_noise_multiplier
 
-    run = dpfair.main(_tiny_config(tmp_path))
+    run, _, _ = finished_run
     ledger = PrivacyLedger.open(run)
     stages = [e.stage for e in ledger.entries()]
     assert stages == ["dp_domain", "dp_fair_stats", "dpsgd", "generate"]
@@ -100,12 +118,12 @@ def test_pipeline_ledger_composes_within_epsilon(tmp_path, adult_dir):
     # the fairness penalty does not change DP-SGD's accounting: a plain DpSgdEvent whose sigma is at
     # most the calibration to "what is left" by subtraction (fill_budget lowers it)
     ev = by["dpsgd"].event()
-    assert isinstance(ev, DpSgdEvent)
-    assert ev.sampling_rate == pytest.approx(16 / 160) and ev.steps == 2
-    replay = PrivacyLedger.create(tmp_path / "replay", "t", 3.0, ledger.delta)
+    assert isinstance(ev, DpSgdEvent) and ev.steps == 2
+    q = ev.sampling_rate
+    replay = PrivacyLedger.create(run.parent / "replay", "t", 3.0, ledger.delta)
     for e in ledger.entries()[:2]:
         replay.record(e.stage, e.event())
-    sigma = calibrate_noise_multiplier(replay.remaining_epsilon() * 0.995, ledger.delta, 16 / 160, 2)
+    sigma = calibrate_noise_multiplier(replay.remaining_epsilon() * 0.995, ledger.delta, q, 2)
     assert ev.noise_multiplier <= sigma * (1 + 1e-6)
     assert replay.projected_epsilon(ev) == pytest.approx(total, rel=1e-6)
     # outputs: synthetic rows all valid; schema with the DP-estimated capital_loss bounds
@@ -120,15 +138,41 @@ def test_pipeline_ledger_composes_within_epsilon(tmp_path, adult_dir):
     ref = json.loads((run / "stages" / "reference.done").read_text())
     assert ref["method"] == "real data" and 0.5 < ref["acc_lr"] <= 1.0
     assert "dpsgd" in (run / "ledger.txt").read_text()
-    _assert_no_copy_of_the_private_table(run, dpfair.DpFairConfig.model_validate(json.loads((tmp_path / "cfg.json").read_text())))
 
 
-def _assert_no_copy_of_the_private_table(run: Path, cfg) -> None:
+def test_one_release_and_one_ledger_per_run_directory(finished_run):
+    """Issue 12, Major 7: the AIM baseline is no longer a second full-epsilon release inside the run."""
+    run, _, _ = finished_run
+    assert [p.relative_to(run) for p in run.rglob("ledger.sqlite")] == [Path("ledger.sqlite")]
+    tables = sorted(str(p.relative_to(run)) for p in run.rglob("*.csv"))
+    assert tables == ["release/synthetic.csv", "synthetic.csv"]  # one table, and its copy in release/
+    manifest = json.loads((run / "release" / "MANIFEST.json").read_text())
+    assert manifest["method"] == "dpfairllm" and manifest["epsilon"] == PrivacyLedger.open(run).total_epsilon()
+    assert not (run / "baseline_aim").exists()
+
+
+def test_ray_task_gets_config_and_paths_only(finished_run):
+    """Issue 12, Major 8: nothing private in Ray task arguments; the worker reads its rows itself."""
+    import pickle
+
+    from dpsynth_core.tabular.config import DpFairConfig
+
+    run, _, calls = finished_run
+    assert len(calls) == 1  # train + generate: one Ray task
+    (args,) = calls
+    assert [type(a) for a in args] == [DpFairConfig, str] and Path(args[1]) == run.resolve()
+    assert len(pickle.dumps(args)) < 20_000  # a config and a path, not a table
+    assert json.loads((run / "stages" / "train.done").read_text())["steps"] == 2  # the task did train
+
+
+def test_no_copy_of_the_private_table(finished_run):
     """No file in the run directory holds a run of consecutive private training rows (as CSV lines)."""
-    import ray_jobs.dpfair as dpfair
+    from dpsynth_core.tabular.config import load_dpfair_config
+    from dpsynth_core.tabular.pipeline import resolved_schema
+    from dpsynth_core.tabular.private_data import load_private
 
-    train, _ = dpfair._load_tables(cfg)
-    private = TableSchema.model_validate_json((run / "schema_resolved.json").read_text()).validate_frame(train)
+    run, path, _ = finished_run
+    private = load_private(load_dpfair_config(path), run, resolved_schema(run))
     lines = private.to_csv(index=False).splitlines()[1:]
     blocks = ["\n".join(lines[i : i + 3]) for i in range(0, len(lines) - 2, 3)]
     files = [f for f in run.rglob("*") if f.is_file()]
@@ -137,6 +181,36 @@ def _assert_no_copy_of_the_private_table(run: Path, cfg) -> None:
         text = f.read_bytes().decode("utf-8", errors="ignore").replace("\r\n", "\n")
         leaked = [b for b in blocks if b in text]
         assert not leaked, f"{f.relative_to(run)} holds {len(leaked)} blocks of 3 consecutive private rows"
+    # the secret subset (row indices) is owner-only state, outside release/
+    state = run / "owner_only" / "private_subset.json"
+    assert state.is_file() and (state.stat().st_mode & 0o077) == 0
+    assert not any("private_subset" in str(p) for p in (run / "release").rglob("*"))
+
+
+def test_rerun_finished_or_changed_config(finished_run, capsys):
+    """Issue 19, item 1: a finished run says so and does nothing; a changed config is refused, naming
+    the changed keys, and config.yaml keeps the epsilon the run was made with."""
+    from dpsynth_core.errors import ConfigError
+    from dpsynth_core.tabular.config import load_dpfair_config
+    from dpsynth_core.tabular.pipeline import run_dpfair
+
+    run, path, _ = finished_run
+    cfg = load_dpfair_config(path)
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()}
+    n_entries = len(PrivacyLedger.open(run).entries())
+
+    def refuse(fn, *args):
+        raise AssertionError("a finished run must not run a stage again")
+
+    assert run_dpfair(cfg, runner=refuse) == run
+    assert "already finished" in capsys.readouterr().err
+    assert run_dpfair(cfg.model_copy(update={"use_ray": False}), runner=refuse) == run  # execution-only key
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()} == before
+    changed = cfg.model_copy(update={"epsilon": 1.0, "data": cfg.data.model_copy(update={"train_rows": 150})})
+    with pytest.raises(ConfigError, match=r"changed: data\.train_rows, epsilon\).*--fresh"):
+        run_dpfair(changed, runner=refuse)
+    assert "epsilon: 3.0" in (run / "config.yaml").read_text()
+    assert len(PrivacyLedger.open(run).entries()) == n_entries
 
 
 @pytest.mark.parametrize(
@@ -145,6 +219,8 @@ def _assert_no_copy_of_the_private_table(run: Path, cfg) -> None:
         ({"columns": ["age", "salary", "income"]}, "unknown column 'salary'"),
         ({"fairness": {"lambda_dp": 1.0, "sensitive": "gender"}}, "unknown column 'gender'"),
         ({"epsilon": -1}, "epsilon"),
+        ({"baseline": {"aim": True}}, "dpsynth run aim"),
+        ({"delta": 0.01}, "field 'delta'"),  # not below 1/m for m = 160 expected private rows
     ],
 )
 def test_bad_config_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys, override, message):
@@ -156,7 +232,7 @@ def test_bad_config_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys, ov
         app()
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert message in err
+    assert message in err and "Traceback" not in err
     assert not (tmp_path / "runs").exists()  # nothing half-written
 
 

@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 from dpsynth_core.config import StrictConfig, load_config
 from dpsynth_core.dpsgd.config import LoraSettings
 from dpsynth_core.resources import StageResources
+from dpsynth_core.storage import RunDirPath, require_durable_run_dir
 
 
 class FairGenerationSettings(StrictConfig):
@@ -88,7 +89,7 @@ class TableRunConfig(StrictConfig):
     """What every tabular run shares: where the data and the public schema are, and the budget."""
 
     name: str
-    output_dir: str
+    output_dir: RunDirPath  # a path or file:// URI; shared storage on a cluster
     schema_path: str = "configs/schemas/adult.yaml"
     columns: list[str] | None = None
     data: DataSettings = Field(default_factory=DataSettings)
@@ -98,14 +99,15 @@ class TableRunConfig(StrictConfig):
     evaluate_privacy: bool = True  # DCR + membership inference in the owner-side report
 
     def run_dir(self) -> Path:
-        return Path(self.output_dir) / self.name
+        """``output_dir/name``, absolute (a relative one is refused inside a submitted Ray job)."""
+        return require_durable_run_dir(Path(self.output_dir) / self.name, "output_dir")
 
 
 class DpFairConfig(TableRunConfig):
     """DPFairLLM: DP-SGD LoRA fine-tuning on serialized rows with fairness terms; fair generation."""
 
     name: str = "dpfair"
-    output_dir: str = "runs/dpfair"
+    output_dir: RunDirPath = Path("runs/dpfair")
     serialization: SerializationSettings = Field(default_factory=SerializationSettings)
     training: TrainingSettings = Field(default_factory=TrainingSettings)
     fairness: FairnessSettings = Field(default_factory=FairnessSettings)
@@ -127,7 +129,7 @@ class AimConfig(TableRunConfig):
     """The AIM baseline (smartnoise-synth) as its own run: domain estimation, AIM, evaluation."""
 
     name: str = "aim"
-    output_dir: str = "runs/aim"
+    output_dir: RunDirPath = Path("runs/aim")
     bins: int = Field(16, ge=2)  # equal-width bins of numeric columns over their (public or DP) bounds
     num_rows: int = Field(1000, ge=1)
     sample_seed: int = 0  # sampling rows from the fitted model (post-processing) and their shuffle
