@@ -1,7 +1,8 @@
-"""`dpsynth run actg|wasp|augpe|dpfair --config FILE`.
+"""`dpsynth run actg|wasp|augpe|dpfair|aim --config FILE`.
 
 Each pipeline's driver lives in ``ray_jobs/<name>.py`` and exposes
-``main(config_path: Path, resume: bool = True) -> Path`` returning the run directory.
+``main(config_path: Path, resume: bool = True) -> Path`` returning the run directory. The AIM
+baseline needs no Ray: its runner is ``dpsynth_core.tabular.aim_run``.
 Imports are lazy so that `dpsynth --help` does not import Ray.
 """
 
@@ -46,3 +47,11 @@ def augpe(config: Path = _CONFIG, fresh: bool = _FRESH) -> None:
 def dpfair(config: Path = _CONFIG, fresh: bool = _FRESH) -> None:
     """DPFairLLM: DP and fair tabular synthesis with a fine-tuned LLM."""
     _run("dpfair", config, fresh)
+
+
+@app.command()
+def aim(config: Path = _CONFIG, fresh: bool = _FRESH) -> None:
+    """AIM baseline (smartnoise-synth) on a table: its own run, release and ledger."""
+    from dpsynth_core.tabular.aim_run import main
+
+    typer.echo(f"run directory: {main(config, resume=not fresh)}")
