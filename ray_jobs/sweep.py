@@ -7,8 +7,11 @@ the sampled overrides) and runs the pipeline's stages (``ray_jobs/<pipeline>.mai
 reports the pipeline's ``metrics.json``. Privacy (see ``dpsynth_core.tuning``):
 
 * ``privacy.data: public`` -- any search (random, Optuna) and scheduler (FIFO, ASHA).
-* ``privacy.data: private`` -- only DP selection: K ~ Poisson(mu) random trials, best released,
-  cost (Papernot & Steinke) recorded in the sweep's ledger; refused otherwise, before any trial.
+* ``privacy.data: private`` -- only DP selection (Papernot & Steinke), and only when, before
+  any trial runs: the ranking metric is computed without private data, the pipeline has a
+  privacy planner, and the selection cost bounded over the whole search space fits the budget.
+  Then K (OS entropy, never written) trials with secretly drawn hyperparameters run; only the
+  best is released, with the selection event in its ledger; the other trials are deleted.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import copy
 import importlib
 import json
 import math
+import secrets
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -28,7 +33,8 @@ from pydantic import Field
 
 from dpsynth_core.config import StrictConfig, load_config
 from dpsynth_core.errors import ConfigError
-from dpsynth_core.tuning import TuningPrivacy, check_sweep_allowed, sample_num_trials
+from dpsynth_core.tuning import TuningPrivacy, check_sweep_allowed, draw_num_trials
+from dpsynth_core.tuning_space import Choice, Interval, SearchSpace
 
 PIPELINES = ("actg", "dpfair", "wasp", "augpe")
 
@@ -44,10 +50,13 @@ class SweepConfig(StrictConfig):
     search: Literal["random", "optuna"] = "random"
     scheduler: Literal["fifo", "asha"] = "fifo"
     cpus_per_trial: float = Field(1.0, gt=0)
+    gpus_per_trial: float = Field(0.0, ge=0, description="GPUs in each trial's stage bundle (a GPU stage needs them).")
     max_concurrent_trials: int | None = Field(None, gt=0, description="Default: cluster CPUs / cpus_per_trial.")
     seed: int = 0
     output_dir: Path = Path("runs/sweep")
     privacy: TuningPrivacy
+    bound_cells: int = Field(4, ge=1, le=64, description="Grid cells per monotone range when bounding a DP sweep "
+                             "(more: a tighter bound, one planned trial per extra grid point).")
 
 
 def set_dotted(config: dict, key: str, value: Any) -> None:
@@ -94,14 +103,20 @@ def flatten(metrics: dict, prefix: str = "") -> dict[str, float]:
     return flat
 
 
-def run_trial(params: dict, *, pipeline: str, base: dict, overrides: dict, trials_dir: str) -> None:
+TRIAL_INDEX = "trial"  # a DP sweep's Tune space: an index into the configurations it drew secretly
+
+
+def run_trial(params: dict, *, pipeline: str, base: dict, overrides: dict, trials_dir: str,
+              drawn: list[dict] | None = None) -> None:
     """One Tune trial: write the trial's config, run the pipeline, report its metrics."""
     from ray import tune
 
-    trial_id = tune.get_context().get_trial_id()
-    run_dir = Path(trials_dir) / trial_id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config_path = run_dir.parent / f"{trial_id}.yaml"
+    if drawn is not None:
+        params = drawn[params[TRIAL_INDEX]]
+    # a random name: Tune's trial ids carry the trial's index, which would tell how many ran
+    run_dir = Path(trials_dir) / secrets.token_hex(6)
+    run_dir.mkdir(parents=True, exist_ok=False)
+    config_path = run_dir.parent / f"{run_dir.name}.yaml"
     config_path.write_text(yaml.safe_dump(trial_config(base, overrides, params, run_dir), sort_keys=False))
     driver = importlib.import_module(f"ray_jobs.{pipeline}")
     out_dir = Path(driver.main(config_path, resume=True))
@@ -117,17 +132,58 @@ def _search_space(config: SweepConfig) -> dict:
     return spaces[config.space]()
 
 
-def _trial_events(run_dir: Path) -> list:
-    from dpsynth_core.privacy import PrivacyLedger
+def library_space(ray_space: dict) -> SearchSpace:
+    """The Ray Tune space as bounded choices and intervals (for the whole-space bound and secret
+    draws); domains that cannot be drawn secretly or bounded are refused."""
+    from ray.tune.search.sample import Categorical, Domain, Float, Integer
 
-    return [e for e in PrivacyLedger.open(run_dir).events() if e.kind != "post_processing"]
+    space: SearchSpace = {}
+    for key, domain in ray_space.items():
+        sampler = type(domain.get_sampler()).__name__ if isinstance(domain, Domain) else None
+        if not isinstance(domain, (Domain, dict)) and not callable(domain):
+            space[key] = Choice((domain,))
+        elif isinstance(domain, Categorical):
+            space[key] = Choice(tuple(domain.categories))
+        elif isinstance(domain, Float) and sampler in ("_Uniform", "_LogUniform"):
+            space[key] = Interval(float(domain.lower), float(domain.upper), log=sampler == "_LogUniform")
+        elif isinstance(domain, Integer) and sampler == "_Uniform" and domain.upper - domain.lower <= 256:
+            space[key] = Choice(tuple(range(int(domain.lower), int(domain.upper))))
+        else:
+            raise ConfigError(f"refusing a DP sweep: search-space key '{key}' ({type(domain).__name__}) is not a "
+                              "tune.choice, tune.uniform/loguniform or a small tune.randint; it cannot be drawn "
+                              "from secret randomness and bounded")
+    return space
+
+
+def start_ray(config: SweepConfig) -> int:
+    """Join the cluster (RAY_ADDRESS / submitted job) or embed a local Ray; the trial concurrency."""
+    import ray
+
+    from ray_jobs.cluster import ensure_ray
+
+    ensure_ray()
+    cpus = ray.cluster_resources().get("CPU", 1.0)
+    # a trial = a driver (1 CPU bundle) + its pipeline's stage tasks (a cpus_per_trial bundle)
+    return config.max_concurrent_trials or max(1, int(cpus // (1 + config.cpus_per_trial)))
+
+
+def make_trainable(config: SweepConfig, base: dict, trials_dir: Path, drawn: list[dict] | None = None):
+    from ray import tune
+
+    return tune.with_resources(
+        tune.with_parameters(
+            run_trial, pipeline=config.pipeline, base=base, overrides=config.overrides, trials_dir=str(trials_dir),
+            drawn=drawn,
+        ),
+        tune.PlacementGroupFactory([{"CPU": 1}, {"CPU": config.cpus_per_trial,
+                                                 **({"GPU": config.gpus_per_trial} if config.gpus_per_trial else {})}]),
+    )
 
 
 def run(config: SweepConfig) -> dict:
-    import ray
     from ray import tune
 
-    check_sweep_allowed(config.privacy, config.search, config.scheduler)
+    check_sweep_allowed(config.privacy, config.search, config.scheduler, config.pipeline, config.metric)
     base_path = config.base_config
     if not base_path.is_file():
         raise ConfigError(f"{base_path}: base pipeline config not found")
@@ -136,21 +192,15 @@ def run(config: SweepConfig) -> dict:
     for key in list(space) + list(config.overrides):
         trial_config(base, config.overrides, {key: 0}, Path("/tmp/check"))  # validates dotted keys early
 
-    num_samples = config.num_samples
     if config.privacy.data == "private":
-        num_samples = sample_num_trials(config.privacy, np.random.default_rng(config.seed))
+        from ray_jobs.sweep_private import run_private
+
+        return run_private(config, base, space)
+    num_samples = config.num_samples
     config.output_dir.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"pipeline": config.pipeline, "num_trials": num_samples}
-    if num_samples == 0:
-        summary["released"] = None  # K = 0: nothing runs, nothing is released, nothing is spent
-        (config.output_dir / "sweep.json").write_text(json.dumps(summary, indent=2))
-        return summary
 
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False)
-    cpus = ray.cluster_resources().get("CPU", 1.0)
-    # a trial = a driver (1 CPU bundle) + its pipeline's stage tasks (a cpus_per_trial bundle)
-    concurrency = config.max_concurrent_trials or max(1, int(cpus // (1 + config.cpus_per_trial)))
+    concurrency = start_ray(config)
     search_alg = None
     if config.search == "optuna":
         from ray.tune.search.optuna import OptunaSearch
@@ -162,13 +212,7 @@ def run(config: SweepConfig) -> dict:
 
         scheduler = ASHAScheduler(metric=config.metric, mode=config.mode, max_t=1, grace_period=1)
 
-    trials_dir = (config.output_dir / "trials").resolve()
-    trainable = tune.with_resources(
-        tune.with_parameters(
-            run_trial, pipeline=config.pipeline, base=base, overrides=config.overrides, trials_dir=str(trials_dir)
-        ),
-        tune.PlacementGroupFactory([{"CPU": 1}, {"CPU": config.cpus_per_trial}]),
-    )
+    trainable = make_trainable(config, base, (config.output_dir / "trials").resolve())
     start = time.perf_counter()
     tuner = tune.Tuner(
         trainable,
@@ -198,38 +242,9 @@ def run(config: SweepConfig) -> dict:
         best_metric={config.metric: best.metrics.get(config.metric)},
         best_run_dir=best.metrics.get("run_dir"),
     )
-    if config.privacy.data == "private":
-        summary["privacy"] = _record_selection_cost(config, frame)
     _plot(frame, config)
     (config.output_dir / "sweep.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
-
-
-def _record_selection_cost(config: SweepConfig, frame) -> dict:
-    """Record the DP selection in the sweep's own ledger. Its cost depends on the trials'
-    configurations (their ledgers' events), never on their results, so the decision to
-    release or withhold the best trial leaks nothing."""
-    from dpsynth_core.errors import BudgetExceededError
-    from dpsynth_core.privacy import PrivacyLedger
-    from dpsynth_core.tuning import selection_event
-
-    run_dirs = [Path(d) for d in frame["run_dir"].dropna()]
-    trial_ledger = PrivacyLedger.open(run_dirs[0])
-    event = selection_event([_trial_events(d) for d in run_dirs], config.privacy)
-    ledger = PrivacyLedger.create(
-        config.output_dir, dataset=trial_ledger.dataset,
-        epsilon_budget=config.privacy.epsilon_budget, delta=trial_ledger.delta,
-    )
-    info = {"epsilon": event.epsilon(trial_ledger.delta), "delta": trial_ledger.delta,
-            "mean_trials": config.privacy.mean_trials, "distribution": config.privacy.distribution,
-            "budget": config.privacy.epsilon_budget, "ledger": str(config.output_dir / "ledger.sqlite")}
-    try:
-        ledger.record("hyperparameter_selection", event, {"trials": len(run_dirs)})
-        info["released"] = True
-    except BudgetExceededError as exc:
-        info["released"] = False
-        info["reason"] = str(exc)
-    return info
 
 
 def _plot(frame, config: SweepConfig) -> None:
