@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 LOCK := requirements/constraints.txt
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: install demo test test-fast bench lock clean
+.PHONY: install demo test test-fast test-cluster bench lock clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -35,6 +35,10 @@ demo: install
 
 test: install
 	bash scripts/run_tests.sh
+
+# Opt-in: every pipeline submitted to a two-node Ray cluster on this machine, resumes, a node killed mid-DP-SGD.
+test-cluster: install
+	DPSYNTH_CLUSTER_TESTS=full bash scripts/run_tests.sh tests/test_cluster.py -s
 
 bench: install
 	$(BIN)/python benchmarks/dpsgd_overhead.py

@@ -9,9 +9,11 @@ the job's ``working_dir`` (configs, schemas) without .venv, runs or .git.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -67,6 +69,7 @@ def submit(
         if not sep or not key:
             raise ConfigError(f"--env {item!r}: expected KEY=VALUE")
         env_vars[key] = value
+    logging.getLogger("ray").setLevel(logging.ERROR)  # no INFO lines about packaging the working dir
     client = _client(address)
     entrypoint = "python -m dpsynth_core " + " ".join(shlex.quote(a) for a in args)
     job_id = _submit_with_retry(
@@ -123,7 +126,7 @@ def _finish(client, job_id: str, status: str) -> None:
         typer.echo(f"{job_id}: {status}")
         return
     typer.echo(f"{job_id}: {status}: {_failure(client, job_id)}", err=True)
-    raise typer.Exit(1)
+    sys.exit(1)  # not typer.Exit: the CLI runs click in non-standalone mode, which returns its code as 0
 
 
 def _status(client, job_id: str) -> str:
@@ -174,7 +177,7 @@ def logs(job_id: str, address: str | None = _ADDRESS, follow: bool = typer.Optio
         typer.echo(f"{job_id}: FAILED: {_failure(client, job_id, text)}", err=True)
     typer.echo(text, nl=False)
     if failed:
-        raise typer.Exit(1)
+        sys.exit(1)
 
 
 @app.command()

@@ -146,7 +146,7 @@ def status() -> None:
     state = _read_state()
     if state is None:
         typer.echo("no generation service recorded (start one with `dpsynth serve start --config FILE`)")
-        raise typer.Exit(1)
+        sys.exit(1)  # typer.Exit would return 0 from the non-standalone CLI
     healthy = _healthy(state["url"])
     where = state["address"] or f"local pid {state['pid']} ({'alive' if _alive(state['pid']) else 'not running'})"
     typer.echo(f"app {state['app_name']} at {state['url']} on {where}: {'healthy' if healthy else 'NOT answering'}")
@@ -155,7 +155,7 @@ def status() -> None:
 
         models = httpx.get(state["url"] + "/health", timeout=5).json().get("models", [])
         typer.echo(f"models: {', '.join(models)}")
-    raise typer.Exit(0 if healthy else 1)
+    sys.exit(0 if healthy else 1)
 
 
 @app.command()

@@ -1,0 +1,140 @@
+"""A real two-node Ray cluster on this machine for the submission tests (no mocks).
+
+``ray start --head`` on loopback with every port free (the defaults collide with the test session's
+own Ray), then ``ray start --address=HEAD`` for a second node with its own free ports. Each
+``ray start --block`` runs in its own process group, so a test can stop one node (gracefully, or
+SIGKILL its whole group as a node crash) without touching any other Ray on the machine -- never
+``ray stop``, which kills every Ray process here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+_NODE_PORTS = ("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",
+               "runtime-env-agent-port", "node-manager-port", "object-manager-port")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cluster_env() -> dict[str, str]:
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", RAY_USAGE_STATS_ENABLED="0")
+    env.pop("RAY_ADDRESS", None)
+    env["RAY_AUTH_MODE"] = "disabled"  # a loopback-only test cluster; real clusters pass RAY_AUTH_TOKEN
+    return env
+
+
+@dataclass
+class LocalCluster:
+    """A head (and optionally more nodes) started with ``ray start --block``."""
+
+    temp_dir: Path
+    env: dict[str, str] = field(default_factory=cluster_env)
+    gcs_port: int = field(default_factory=free_port)
+    dashboard_port: int = field(default_factory=free_port)
+    nodes: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        """The job-submission (dashboard) address."""
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    @property
+    def gcs_address(self) -> str:
+        return f"127.0.0.1:{self.gcs_port}"
+
+    def _start(self, args: list[str]) -> subprocess.Popen:
+        ports = [f"--{name}={free_port()}" for name in _NODE_PORTS]
+        cmd = [str(BIN / "ray"), "start", "--node-ip-address=127.0.0.1", "--disable-usage-stats", *ports, *args,
+               "--block"]
+        node = subprocess.Popen(cmd, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        self.nodes.append(node)
+        return node
+
+    def start_head(self, num_cpus: int = 1) -> None:
+        head = self._start(["--head", f"--port={self.gcs_port}", "--dashboard-host=127.0.0.1",
+                            f"--dashboard-port={self.dashboard_port}", f"--num-cpus={num_cpus}",
+                            "--include-dashboard=true", f"--ray-client-server-port={free_port()}",
+                            f"--temp-dir={self.temp_dir}"])
+        _wait_for_dashboard(self.dashboard_port, head)
+        self._wait(lambda nodes: len(nodes) >= 1, head, "the head did not register", 120.0)
+
+    def add_node(self, num_cpus: int = 1, num_gpus: int = 0, timeout: float = 120.0) -> subprocess.Popen:
+        """Join a node (``--num-gpus`` declares logical GPUs; no device needed) and wait until it is alive."""
+        before = {n["node_id"] for n in self.alive_nodes()}
+        node = self._start([f"--address={self.gcs_address}", f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}"])
+        self._wait(lambda nodes: any(n["node_id"] not in before for n in nodes), node, "the node did not join", timeout)
+        return node
+
+    def _wait(self, ok, proc: subprocess.Popen, what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not ok(self.alive_nodes()):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(what)
+            time.sleep(1.0)
+
+    def alive_nodes(self) -> list[dict]:
+        """The alive nodes (node_id, resources_total, ...) from the head's state API."""
+        import json
+
+        try:
+            with urllib.request.urlopen(f"{self.address}/api/v0/nodes", timeout=10) as r:
+                rows = json.load(r)["data"]["result"]["result"]
+        except (OSError, KeyError, ValueError):
+            return []
+        return [n for n in rows if n.get("state") == "ALIVE"]
+
+    def kill_node(self, node: subprocess.Popen) -> None:
+        """A node crash: SIGKILL its whole process group (raylet, workers, agents)."""
+        try:
+            os.killpg(node.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        node.wait(timeout=30)
+
+    def stop(self) -> None:
+        """Stop every node of this cluster: SIGTERM to each process group, SIGKILL what lingers."""
+        for node in reversed(self.nodes):  # other nodes first, the head last
+            if node.poll() is None:
+                try:
+                    os.killpg(node.pid, signal.SIGTERM)
+                    node.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    pass
+                except ProcessLookupError:
+                    continue
+            try:
+                os.killpg(node.pid, signal.SIGKILL)  # anything of that node still in its group
+            except ProcessLookupError:
+                pass
+            node.wait(timeout=30)
+
+
+def _wait_for_dashboard(port: int, head: subprocess.Popen, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if head.poll() is not None:
+            raise RuntimeError(f"`ray start --head` exited with code {head.returncode}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/version", timeout=5)
+            return
+        except urllib.error.HTTPError:  # it answers (e.g. 401 under token auth): it is up
+            return
+        except OSError:
+            time.sleep(1.0)
+    raise TimeoutError(f"the local head's dashboard did not come up on port {port}")
