@@ -7,7 +7,8 @@
 2. ``--requests`` requests at ``--concurrency`` in flight: about 70 % valid (completions and chat),
    the rest malformed (empty or blank prompt, bad JSON, unknown field, over a cap, unknown model,
    empty chat message), plus 5 oversized bodies (4 with Content-Length, 1 chunked 50 MB).
-   The generator's queue is kept smaller than the concurrency so back-pressure (503) is exercised.
+   By default the generator holds 16 + queues 8 (< 32 in flight), so back-pressure (503) is
+   exercised; ``--queued 32`` gives room for every request in flight (latency without shedding).
 3. /health and /ready are polled every 0.5 s throughout.
 4. `dpsynth serve stop`.
 Prints counts per status code, unexpected answers, p50/p99 latency of the valid requests, and what
@@ -49,11 +50,11 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))] if values else float("nan")
 
 
-def _config(model: str, port: int, max_tokens: int) -> dict:
+def _config(model: str, port: int, max_tokens: int, queued: int) -> dict:
     return {
         "app_name": "dpsynth-soak",
         "models": [{"name": MODEL, "model": model, "max_batch_size": 16, "batch_wait_timeout_s": 0.05,
-                    "num_cpus": 1, "max_ongoing_requests": 16, "max_queued_requests": 8}],
+                    "num_cpus": 1, "max_ongoing_requests": 16, "max_queued_requests": queued}],
         "http": {"host": "127.0.0.1", "port": port, "ready_probe_timeout_s": 2.0},
         "limits": {"max_tokens": max_tokens, "max_n": 4, "max_tokens_per_prompt": 4 * max_tokens,
                    "max_tokens_per_request": 16 * max_tokens, "request_timeout_s": 60, "retry_after_s": 2},
@@ -163,6 +164,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--queued", type=int, default=8,
+                        help="max_queued_requests of the generator (16 ongoing + this < concurrency: 503s)")
     parser.add_argument("--seed", type=int, default=0)  # the request mix only
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -170,7 +173,7 @@ def main() -> None:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     config = Path(tempfile.mkdtemp(prefix="dpsynth-soak-")) / "serve.json"
-    config.write_text(json.dumps(_config(args.model, port, args.max_tokens)))  # JSON is YAML
+    config.write_text(json.dumps(_config(args.model, port, args.max_tokens, args.queued)))  # JSON is YAML
 
     start = time.perf_counter()
     proc = _cli("serve", "start", "--detach", "--config", str(config), "--num-cpus", "2", "--ready-timeout", "600")
