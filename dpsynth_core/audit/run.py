@@ -115,12 +115,13 @@ def run_dpsgd_audit(
 
     from dpsynth_core.dpsgd.budget import plan_privacy
     from dpsynth_core.dpsgd.engine import DpSgdEngine
-    from dpsynth_core.models import load_tokenizer
+    from dpsynth_core.models import load_tokenizer, resolve_model_dir
 
     _check_config(config, settings, allow_test_only)
     started = time.monotonic()
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
+    resolve_model_dir(config.model)  # cache the model first: the tokenizer then loads from it, not from a GGUF
     rng = secure_rng()
     canaries: CanarySet = draw_canaries(load_tokenizer(config.model), settings.canaries, settings.canary_tokens,
                                         examples, rng)
