@@ -196,3 +196,21 @@ def test_post_processing_only_costs_nothing(tmp_path):
     assert ledger.record("eval", PostProcessingEvent()) == 0.0
     assert ledger.remaining_epsilon() == 1.0
     assert math.isclose(ledger.delta, 1 / (30000 * math.log(30000)))
+
+
+def test_mark_not_private_is_permanent_and_shown_with_every_total(tmp_path):
+    ledger = PrivacyLedger.create(tmp_path, "toy", 4.0, DELTA)
+    assert ledger.is_private and ledger.not_private_reasons() == [] and ledger.to_dict()["private"] is True
+    assert "NOT PRIVATE" not in ledger.render()
+    ledger.record("dpsgd", DPSGD)
+    ledger.mark_not_private("dpsgd", "sampling_seed is fixed")
+    ledger.mark_not_private("dpsgd", "sampling_seed is fixed")  # kept once
+    reopened = PrivacyLedger.open(tmp_path)  # persisted, seen by another handle
+    assert [(m["stage"], m["reason"]) for m in reopened.not_private_reasons()] == [("dpsgd", "sampling_seed is fixed")]
+    d = reopened.to_dict()
+    assert d["private"] is False and d["not_private"][0]["reason"] == "sampling_seed is fixed"
+    assert d["total_epsilon"] == pytest.approx(ledger.total_epsilon())  # the figure stays, flagged
+    text = reopened.render()
+    assert "NOT PRIVATE (dpsgd): sampling_seed is fixed" in text and "NOT PRIVATE, composed: epsilon=" in text
+    with pytest.raises(ConfigError, match="reason"):
+        ledger.mark_not_private("dpsgd", " ")

@@ -91,8 +91,13 @@ def train(
     from dpsynth_core.dpsgd import train_dp_lora
     from dpsynth_core.dpsgd.budget import plan_privacy
     from dpsynth_core.dpsgd.sampling import PrivacyUnits
+    from dpsynth_core.privacy.randomness import refuse_pinned_dp_seed
 
     job = load_config(config, TrainJobConfig)
+    try:  # a pinned seed makes the noise reproducible from this file: tests only (DPSYNTH_TEST_MODE=1)
+        refuse_pinned_dp_seed("train.sampling_seed", job.train.sampling_seed)
+    except ValueError as exc:
+        raise ConfigError(f"{config}: {exc}") from None
     source = data_source(job.data, Path(config))
     examples = source.load()
     if not examples:
