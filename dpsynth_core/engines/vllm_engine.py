@@ -97,17 +97,18 @@ class VLLMEngine(TextEngine):
             for i in range(len(prompts))
         ]
         start = time.perf_counter()
-        ids = self.llm.enqueue(self._prompt_ids(prompts, params.chat), requests, lora_request=self.lora,
-                               use_tqdm=False)
-        finished: dict[str, tuple[object, float]] = {}
+        self.llm.enqueue(self._prompt_ids(prompts, params.chat), requests, lora_request=self.lora, use_tqdm=False)
+        finished: list[tuple[object, float]] = []
         engine = self.llm.llm_engine
         while engine.has_unfinished_requests():
             for output in engine.step():
                 if output.finished:
-                    finished[output.request_id] = (output, time.perf_counter() - start)
+                    finished.append((output, time.perf_counter() - start))
+        # Request ids are vLLM's counter in submission order (as LLM.generate sorts them).
+        finished.sort(key=lambda item: int(item[0].request_id))
+        assert len(finished) == len(prompts), "vLLM returned a different number of requests than submitted"
         texts, new_tokens, latencies = [], [], []
-        for request_id in ids:
-            output, latency = finished[request_id]
+        for output, latency in finished:
             for completion in sorted(output.outputs, key=lambda c: c.index):
                 # vLLM already stops before a stop string; cut again so both backends strip the same way.
                 texts.append(cut_at_stop(completion.text, params.stop).strip())
