@@ -65,6 +65,8 @@ def write_released_ledger(best_dir: Path, bound: SweepBound, budget: float, deta
         for e in entries:
             if e.kind == "post_processing":
                 released.record(e.stage, e.event(), e.details)
+        for mark in trial.not_private_reasons():  # a test-only knob in the trial voids the release too
+            released.mark_not_private(mark["stage"], mark["reason"])
         os.replace(Path(scratch) / LEDGER_FILE, best_dir / LEDGER_FILE)
     ledger = PrivacyLedger.open(best_dir)
     _refresh_metrics_ledger(best_dir, ledger)

@@ -84,7 +84,7 @@ def fake_trials(monkeypatch):
     monkeypatch.setattr(sp, "planner_for", lambda pipeline: planner)
     monkeypatch.setattr(tune, "Tuner", lambda *a, **k: pytest.fail("a real Tune run was started"))
 
-    def launch(config, base, drawn, extra_event=None, ledgers=True):
+    def launch(config, base, drawn, extra_event=None, ledgers=True, not_private=False):
         launches.append(drawn)
         outcomes = []
         for params in drawn:
@@ -98,6 +98,8 @@ def fake_trials(monkeypatch):
             for i, event in enumerate(plan.events + ((extra_event,) if extra_event else ())):
                 ledger.record(f"stage{i}", event)
             ledger.record("synthesize", PostProcessingEvent(), {"texts": 2})
+            if not_private:
+                ledger.mark_not_private("dp_generator", "stop_after_steps (test-only knob)")
             (run_dir / "synthetic.jsonl").write_text('{"text": "t"}\n')
             (run_dir / "metrics.json").write_text(json.dumps({"ledger": ledger.to_dict()}))
             Path(f"{run_dir}.yaml").write_text("trial: config\n")
@@ -200,6 +202,17 @@ def test_dp_sweep_releases_nothing_when_a_trial_spent_outside_the_plan(tmp_path,
     assert list((tmp_path / "sweep" / "trials").iterdir()) == []
 
 
+def test_released_ledger_keeps_a_trial_s_not_private_mark(tmp_path, fake_trials, monkeypatch):
+    import ray_jobs.sweep_private as sp
+
+    launch = sp.launch_trials
+    monkeypatch.setattr(sp, "launch_trials", lambda c, b, d: launch(c, b, d, not_private=True))
+    monkeypatch.setattr(sp, "draw_num_trials", lambda privacy: 1)
+    summary = run(_private_config(tmp_path))
+    reasons = PrivacyLedger.open(summary["released"]).not_private_reasons()
+    assert [r["reason"] for r in reasons] == ["stop_after_steps (test-only knob)"]
+
+
 def test_search_domains_that_cannot_be_bounded_are_refused():
     from ray import tune
 
@@ -209,3 +222,11 @@ def test_search_domains_that_cannot_be_bounded_are_refused():
     assert space["a"].low == 0.1 and space["b"].values == (1, 2) and space["c"].values == (1, 2, 3)
     with pytest.raises(ConfigError, match="'e'.*cannot be drawn"):
         library_space({"e": tune.sample_from(lambda _: 1.0)})
+
+
+def test_shipped_private_sweep_config_passes_the_pre_launch_checks_that_need_no_planning():
+    from dpsynth_core.tuning import check_sweep_allowed
+
+    config = load_config("configs/sweep_actg_private_tiny.yaml", SweepConfig)
+    check_sweep_allowed(config.privacy, config.search, config.scheduler, config.pipeline, config.metric)
+    assert config.privacy.data == "private" and config.bound_cells >= 1

@@ -8,7 +8,8 @@ import typer
 
 
 def tune(config: Path = typer.Option(..., "--config", "-c", help="Sweep config (YAML).")) -> None:
-    """Hyperparameter sweep: public/proxy data, or DP selection with its cost in the ledger."""
+    """Hyperparameter sweep: public/proxy data, or DP selection (private-free metric, cost bounded
+    over the whole space before any trial, only the best trial released with the cost in its ledger)."""
     from ray_jobs.sweep import main
 
     main(config)
