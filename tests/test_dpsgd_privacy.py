@@ -70,7 +70,7 @@ def test_dp_randomness_is_secret_unless_a_test_pins_it(tmp_path):
     assert runs["a"][1].is_private and runs["b"][1].is_private
     pinned = runs["pinned1"][1]
     assert not pinned.is_private and pinned.to_dict()["private"] is False
-    assert "NOT PRIVATE" in pinned.render() and "sampling_seed" in pinned.render()
+    assert "NOT PRIVATE" in pinned.render() and "seed of Poisson sampling and noise is pinned" in pinned.render()
     summary = json.loads((runs["pinned1"][0].adapter_dir / "dp_training.json").read_text())
     assert summary["test_only_knobs"] and not json.loads(
         (runs["a"][0].adapter_dir / "dp_training.json").read_text())["test_only_knobs"]

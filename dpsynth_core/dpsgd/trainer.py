@@ -60,7 +60,7 @@ def test_only_knobs(config: DpSgdConfig) -> list[str]:
     """Config fields that make a run reproducible or interrupted on purpose: tests only."""
     knobs = []
     if config.sampling_seed is not None:
-        knobs.append("sampling_seed is fixed: Poisson sampling and noise follow from public config")
+        knobs.append("the seed of Poisson sampling and noise is pinned in the config (test only)")
     if config.stop_after_steps is not None:
         knobs.append("stop_after_steps is set (a simulated crash for tests)")
     return knobs
