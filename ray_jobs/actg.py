@@ -11,8 +11,11 @@ directory must be shared storage (``dpsynth_core.storage``). The ``private`` sta
 that reads private records. The ``anchored_rl`` stage runs in a worker of its own runtime
 environment whose ``DPSYNTH_DATA_DIR`` points at an empty directory, so even a stray
 ``data_dir()`` call there finds no private file.
-On a multi-worker DP-SGD config (``generator.num_workers > 1``) the DP-SGD engine itself
-launches the Ray Train job (``ray_jobs/dp_finetune.py``).
+DP-SGD runs in the ``private`` stage's worker (``generator.num_workers: 1``). The engine no longer
+starts Ray Train itself: multi-worker DP-SGD needs a runner (``ray_jobs.dp_finetune``) and an
+example source the Train workers load themselves (the examples are records plus extracted
+attributes, held in memory), which ACTG does not provide yet, so ``num_workers > 1`` is refused
+with a clear error.
 """
 
 from __future__ import annotations
