@@ -222,11 +222,12 @@ def test_dpfair_submission_writes_to_storage_and_resumes(cluster, storage, share
 
 
 @full_only
-def test_killing_the_second_node_during_dp_sgd_fails_clearly_and_resume_charges_once(tmp_path, shared_data_dir):
+def test_killing_the_second_node_during_dp_sgd_fails_clearly_and_resume_charges_once(tmp_path, tmp_path_factory,
+                                                                                      shared_data_dir):
     """Kill the GPU node while the private stage trains (AIM charged, DP-SGD in flight): the job fails
     with one clear line; the ledger holds AIM once and DP-SGD at most once (and no adapter without
     its charge); a resubmission (DP-SGD now allowed on the head) completes with each charge once."""
-    c = LocalCluster(temp_dir=tmp_path / "ray")
+    c = LocalCluster(temp_dir=tmp_path_factory.mktemp("rayk"))  # short: Ray's socket paths have a length limit
     try:
         c.start_head(num_cpus=1)
         second = c.add_node(num_cpus=1, num_gpus=1)
