@@ -96,9 +96,12 @@ def _check_config(config: DpSgdConfig, settings: AuditSettings, allow_test_only:
     if settings.noise == "off" and not allow_test_only:
         raise ConfigError("field 'audit.noise': 'off' is a test-only mode (the run would not be private); "
                           "it needs the explicit test-only flag")
-    if config.sampling_seed is not None or config.stop_after_steps is not None:
-        raise ConfigError("fields 'train.sampling_seed' / 'train.stop_after_steps' are test knobs; "
-                          "an audit draws its sampling from OS entropy and runs every step")
+    from dpsynth_core.dpsgd.trainer import test_only_knobs
+
+    knobs = test_only_knobs(config)
+    if knobs:
+        raise ConfigError(f"an audit runs the real mechanism (OS-entropy sampling and noise, every step); "
+                          f"remove the test knobs: {'; '.join(knobs)}")
 
 
 def run_dpsgd_audit(
