@@ -137,3 +137,18 @@ def test_dpsynth_train_refuses_a_pinned_sampling_seed_outside_test_mode(tmp_path
     result = CliRunner().invoke(app, ["--config", str(config), "--no-progress"])
     assert result.exit_code != 0 and "sampling_seed" in str(result.exception)
     assert not (tmp_path / "out").exists()
+
+
+def test_sampling_rate_and_delta_come_from_the_public_size_of_a_secret_subsample():
+    """A working set drawn by secret Bernoulli sampling has a private size: with public_num_units the
+    plan's q = B / public size and the default delta do not depend on how many rows were drawn, so
+    the ledger (q, delta) reveals nothing of the draw; without it they do."""
+    from dpsynth_core.dpsgd.budget import plan_privacy
+
+    def plan(n: int, **kw):
+        return plan_privacy(_cfg(delta=None, expected_batch_size=8, **kw), EXAMPLES[:n])
+
+    drawn_30, drawn_31 = plan(30, public_num_units=32), plan(31, public_num_units=32)
+    assert drawn_30.sampling_rate == drawn_31.sampling_rate == 8 / 32
+    assert drawn_30.delta == drawn_31.delta and drawn_30.noise_multiplier == drawn_31.noise_multiplier
+    assert plan(30).sampling_rate != plan(31).sampling_rate  # the old behaviour: q = B / drawn size

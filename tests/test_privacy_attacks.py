@@ -93,7 +93,7 @@ def _actg_split(path: str):
     from dpsynth_core.actg.pipeline import ActgConfig
 
     cfg = ActgConfig(data={"path": path, "n_records": 40, "n_eval": 20})
-    private, held = load_private_split(cfg)
+    private, held, _ = load_private_split(cfg)
     return list(private["abstract"]), list(held["abstract"])
 
 

@@ -16,6 +16,10 @@ still valid: each DP mechanism is charged in full and each is DP with respect to
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import pandas as pd
+
 from dpsynth_core.errors import DataError
 from dpsynth_core.privacy.randomness import bernoulli_subsample, content_keyed_holdout
 
@@ -29,8 +33,15 @@ def load_frame(cfg):
     return load_records(cfg.resolved(d.path), text_col=d.text_col, label_col=d.label_col)
 
 
-def load_private_split(cfg):
-    """(private working set, held-out evaluation frame), disjoint; see the module docstring."""
+class PrivateSplit(NamedTuple):
+    private: pd.DataFrame  # the secret working set (its size is private)
+    held_out: pd.DataFrame  # owner-side evaluation rows
+    public_size: int  # what the accounting may state: min(n_records, pool size), never the drawn size
+
+
+def load_private_split(cfg) -> PrivateSplit:
+    """The private working set, the held-out evaluation frame (disjoint) and the set's public
+    expected size; see the module docstring."""
     import numpy as np
 
     d = cfg.data
@@ -44,4 +55,5 @@ def load_private_split(cfg):
     held = content_keyed_holdout(texts, d.n_eval, d.seed)
     pool = np.setdiff1d(np.arange(len(texts)), held)
     private = pool[bernoulli_subsample(len(pool), d.n_records)]
-    return frame.iloc[private].reset_index(drop=True), frame.iloc[held].reset_index(drop=True)
+    return PrivateSplit(frame.iloc[private].reset_index(drop=True), frame.iloc[held].reset_index(drop=True),
+                        min(d.n_records, len(pool)))

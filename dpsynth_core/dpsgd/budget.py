@@ -51,6 +51,17 @@ class PrivacyPlan:
         return dict(self.__dict__)
 
 
+def public_size(config: DpSgdConfig, n_units: int) -> int:
+    """The data set size the accounting may state: the public expected size of a secret subsample
+    when the config gives one, else the training set's own size."""
+    return int(config.public_num_units or n_units)
+
+
+def sampling_rate(config: DpSgdConfig, n_units: int) -> float:
+    """Poisson rate q: expected batch over the public size (capped at 1)."""
+    return min(1.0, config.expected_batch_size / public_size(config, n_units))
+
+
 def resolve_delta(config: DpSgdConfig, n_units: int, ledger=None) -> float:
     if ledger is not None:
         delta = float(ledger.delta)
@@ -83,16 +94,17 @@ def plan_privacy(
     if n == 0:
         raise ConfigError("no training examples: the training data is empty")
     unit_name = "users" if units.user_level else "examples"
-    if config.expected_batch_size > n:
+    n_public = public_size(config, n)
+    if config.expected_batch_size > n_public:
         raise ConfigError(
             f"field 'expected_batch_size': {config.expected_batch_size} is larger than the number of "
-            f"training {unit_name} ({n})"
+            f"training {unit_name}" + ("" if config.public_num_units else f" ({n})")
         )
-    delta = resolve_delta(config, n, ledger)
+    delta = resolve_delta(config, n_public, ledger)
     from dpsynth_core.dpsgd.engine import validate_target_modules
 
     validate_target_modules(config)
-    q = config.expected_batch_size / n
+    q = sampling_rate(config, n)
     from dpsynth_core.privacy import calibrate_noise_multiplier
 
     sigma = float(calibrate_noise_multiplier(config.epsilon, delta, q, config.steps, accountant=config.accountant))

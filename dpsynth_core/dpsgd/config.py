@@ -73,6 +73,10 @@ class DpSgdConfig(StrictConfig):
     # The last DP stage of a pipeline: lower the noise until the ledger's composed total reaches its
     # budget (composition of several mechanisms is often sub-additive, so "what is left" undershoots).
     fill_budget: bool = False
+    # When the training set is itself a secret Bernoulli subsample of a file (ACTG's and DPFairLLM's
+    # working sets), its drawn size is private: the sampling rate q = expected_batch_size / this
+    # public expected size (and the default delta from it), so the ledger does not reveal the draw.
+    public_num_units: int | None = Field(None, ge=1)
 
     @field_validator("epsilon")
     @classmethod

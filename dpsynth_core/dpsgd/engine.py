@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpsynth_core.dpsgd.budget import sampling_rate as poisson_rate
 from dpsynth_core.dpsgd.clipping import PerSampleClipper, make_clipper
 from dpsynth_core.dpsgd.config import DpSgdConfig, LoraSettings, TrainExample
 from dpsynth_core.dpsgd.data import collate, per_example_loss, tokenize_examples
@@ -172,7 +173,8 @@ class DpSgdEngine:
         self.noise_multiplier = float(noise_multiplier)
         self.penalty = per_example_penalty
         self.units = PrivacyUnits.from_user_ids([e.user_id for e in examples])
-        self.sampler = PoissonSampler(len(self.units), config.expected_batch_size, sampling_seed)
+        self.sampler = PoissonSampler(len(self.units), config.expected_batch_size, sampling_seed,
+                                      sampling_rate=poisson_rate(config, len(self.units)))
         self.max_per_unit = config.max_examples_per_user if self.units.user_level else 1
         if self.max_per_unit > 1 and config.clipping == "ghost":
             raise ConfigError("max_examples_per_user > 1 needs clipping='hooks'")

@@ -49,16 +49,17 @@ class PrivacyUnits:
 class PoissonSampler:
     """Each unit joins the logical batch of a step independently with probability q = expected/n."""
 
-    def __init__(self, n_units: int, expected_batch_size: int, seed: int):
+    def __init__(self, n_units: int, expected_batch_size: int, seed: int, sampling_rate: float | None = None):
+        """``sampling_rate`` overrides expected/n (a public rate for a secret subsample of unknown size)."""
         if n_units <= 0:
             raise ConfigError("no training units to sample from")
-        if expected_batch_size > n_units:
+        if sampling_rate is None and expected_batch_size > n_units:
             raise ConfigError(
                 f"expected_batch_size={expected_batch_size} exceeds the number of privacy units ({n_units})"
             )
         self.n_units = n_units
         self.expected_batch_size = expected_batch_size
-        self.sampling_rate = expected_batch_size / n_units
+        self.sampling_rate = float(sampling_rate) if sampling_rate is not None else expected_batch_size / n_units
         self.seed = int(seed)
 
     def rng(self, step: int, stream: int = 0) -> np.random.Generator:

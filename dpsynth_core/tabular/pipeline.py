@@ -159,6 +159,7 @@ def _train(cfg: DpFairConfig, run: Path, schema: TableSchema, ser) -> dict:
         expected_batch_size=t.expected_batch_size, physical_batch_size=t.physical_batch_size,
         learning_rate=t.learning_rate, max_grad_norm=t.max_grad_norm, clipping=t.clipping,  # type: ignore[arg-type]
         max_seq_len=t.max_seq_len, seed=t.seed, torch_threads=t.torch_threads, fill_budget=True,
+        public_num_units=private_data.public_size(cfg),  # q from m: the drawn size stays out of the ledger
     )
     res = train_dp_lora(examples, dcfg, output_dir=run / "train", ledger=ledger, stage="dpsgd", per_example_penalty=penalty)
     return {"epsilon": res.epsilon, "noise_multiplier": res.noise_multiplier, "steps": res.steps,

@@ -74,6 +74,11 @@ def expected_rows(cfg: TableRunConfig, n: int) -> int:
     return min(cfg.data.train_rows, n) if cfg.data.train_rows else n
 
 
+def public_size(cfg: TableRunConfig) -> int:
+    """The working set's size as the accounting may state it (m, not the drawn size)."""
+    return expected_rows(cfg, len(read_source(cfg)))
+
+
 def resolve_delta(cfg: TableRunConfig, n: int) -> float:
     """delta from the config (else 1 / (m ln m)), checked to be below 1/m.
 
