@@ -189,8 +189,9 @@ def run_dp_finetune(
     sampling_seed = (
         TrainState.from_json((resume_dir / STATE_FILE).read_text()).sampling_seed if resume_dir else new_sampling_seed(config)
     )
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False, ignore_reinit_error=True)
+    from ray_jobs.cluster import ensure_ray
+
+    ensure_ray()  # join the cluster (RAY_ADDRESS / submitted job) or embed a local Ray
     use_gpu = _use_gpu(config)
     secret = ray.put({"sampling_seed": sampling_seed, "per_example_penalty": per_example_penalty})
     trainer = TorchTrainer(

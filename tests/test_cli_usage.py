@@ -33,3 +33,4 @@ def test_bare_command_shows_help_and_exits_2_and_version_exits_0():
     assert "Commands" in bare.stdout + bare.stderr
     version = _dpsynth("--version")
     assert version.returncode == 0 and version.stdout.startswith("dpsynth ")
+

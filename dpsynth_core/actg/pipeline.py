@@ -52,6 +52,8 @@ from dpsynth_core.actg.generator import GenerationSettings
 from dpsynth_core.config import StrictConfig, load_config
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.files import atomic_write_text
+from dpsynth_core.resources import PipelineResources
+from dpsynth_core.storage import RunDirPath
 
 STAGES_ACTG = ["schema", "private", "generate", "best_of_n", "anchored_rl", "synthesize", "evaluate"]
 STAGES_VANILLA = ["private", "synthesize", "evaluate"]
@@ -107,7 +109,7 @@ class ActgConfig(StrictConfig):
 
     name: str = "actg"
     mode: Literal["actg", "vanilla"] = "actg"
-    run_dir: Path | None = None           # default runs/<name>
+    run_dir: RunDirPath | None = None     # default runs/<name>; a path or file:// URI (shared storage on a cluster)
     data: DataSettings = Field(default_factory=DataSettings)
     schema_path: Path = Path("configs/schemas/biorxiv.yaml")
     privacy: PrivacySettings = Field(default_factory=PrivacySettings)
@@ -120,6 +122,8 @@ class ActgConfig(StrictConfig):
     rl: AnchoredRLConfig = Field(default_factory=AnchoredRLConfig)
     evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
     torch_threads: int = Field(2, ge=1)
+    # scheduling only (not part of the run's identity: a resumed run may get another cluster)
+    resources: PipelineResources = Field(default_factory=PipelineResources, exclude=True)
     stop_after_stage: str | None = None   # testing: stop (as if killed) once this stage completed
 
     @field_validator("generator")
@@ -317,7 +321,7 @@ def stage_private(cfg: ActgConfig, root: str) -> dict:
     _threads(cfg)
     rd = RunDir(Path(root))
     ledger = PrivacyLedger.open(rd.root)
-    train, _ = load_private_split(cfg)
+    train, _, public_size = load_private_split(cfg)
     texts = [str(t)[: cfg.data.max_chars] for t in train[cfg.data.text_col]]
     schema = _schema(cfg, rd.root) if cfg.mode == "actg" else None
     attrs = None
@@ -328,7 +332,7 @@ def stage_private(cfg: ActgConfig, root: str) -> dict:
     if cfg.mode == "actg" and not rd.done("features"):
         rd.mark("features", _run_features(cfg, rd, schema, attrs, ledger))
     if not rd.done("dp_generator"):
-        rd.mark("dp_generator", _run_dp_generator(cfg, rd, schema, texts, attrs, ledger))
+        rd.mark("dp_generator", _run_dp_generator(cfg, rd, schema, texts, attrs, ledger, public_size))
     del attrs, texts, train
     return {"features": rd.summary("features"), "dp_generator": rd.summary("dp_generator")}
 
@@ -358,7 +362,7 @@ def _run_features(cfg: ActgConfig, rd: RunDir, schema, attrs: list[dict], ledger
             "djs_1way": d1["per_marginal"]}
 
 
-def _run_dp_generator(cfg: ActgConfig, rd: RunDir, schema, texts: list[str], attrs, ledger) -> dict:
+def _run_dp_generator(cfg: ActgConfig, rd: RunDir, schema, texts: list[str], attrs, ledger, public_size: int) -> dict:
     from dpsynth_core.actg.generator import build_train_examples, train_conditional_generator
 
     adapter = rd.generator / "adapter"
@@ -366,7 +370,8 @@ def _run_dp_generator(cfg: ActgConfig, rd: RunDir, schema, texts: list[str], att
         return {"adapter_dir": str(adapter), "closed_from_outputs": True}
     examples = build_train_examples(texts, attrs, schema, cfg.template_text(),
                                     text_description=cfg.data.text_description)
-    dp = cfg.dpsgd_config(cfg.epsilon_generator)
+    # q and delta from the public expected size: the drawn set's size must not reach the ledger
+    dp = cfg.dpsgd_config(cfg.epsilon_generator).model_copy(update={"public_num_units": public_size})
     result = train_conditional_generator(examples, dp, output_dir=rd.generator, ledger=ledger, stage="dp_generator")
     losses = [h["loss"] for h in result.history if h.get("loss") is not None]
     return {"adapter_dir": str(result.adapter_dir), "epsilon": result.epsilon, "steps": result.steps,
@@ -508,7 +513,7 @@ def stage_evaluate(cfg: ActgConfig, root: str) -> dict:
     rd = RunDir(Path(root))
     ev = cfg.evaluation
     schema = _schema(cfg, rd.root)
-    _, held = load_private_split(cfg)
+    held = load_private_split(cfg).held_out
     real_texts = [str(t)[: cfg.data.max_chars] for t in held[cfg.data.text_col]]
     synth = read_jsonl(rd.synthetic)
     texts = [r["text"] for r in synth]

@@ -68,7 +68,9 @@ _app.command("release")(release.release)
 def app() -> None:
     """Console-script entry: run the CLI, turning user-facing errors into one clean line."""
     try:
-        _app(standalone_mode=False)
+        code = _app(standalone_mode=False)  # non-standalone click returns typer.Exit's code instead of exiting
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except DpsynthError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         sys.exit(2)

@@ -15,6 +15,16 @@ import typer
 
 app = typer.Typer(help="Run a synthesis pipeline end to end.", no_args_is_help=True)
 
+@app.callback()
+def _cluster(address: str | None = typer.Option(
+        None, "--address", help="Ray cluster to join (e.g. 127.0.0.1:6379); default: $RAY_ADDRESS, else embedded.")):
+    """`dpsynth run --address HOST:PORT <pipeline> ...` joins that cluster (the drivers read RAY_ADDRESS)."""
+    if address:
+        import os
+
+        os.environ["RAY_ADDRESS"] = address
+
+
 _CONFIG = typer.Option(..., "--config", "-c", help="Pipeline config (YAML).", exists=False)
 _FRESH = typer.Option(False, "--fresh", help="Ignore completed stages and start over in a new run directory.")
 

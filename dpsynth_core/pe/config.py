@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from dpsynth_core.config import StrictConfig
+from dpsynth_core.resources import StageResources
+from dpsynth_core.storage import RunDirPath
 
 
 class PLMConfig(StrictConfig):
@@ -22,6 +24,7 @@ class PLMConfig(StrictConfig):
     seed: int = 0
     batch_size: int = Field(16, ge=1)
     num_threads: int = Field(1, ge=1)  # torch threads per PLM worker
+    resources: StageResources | None = None  # Ray actor / replica request; default: num_threads CPUs, no GPU
     base_url: str | None = None  # openai backend
     api_key_env: str = "OPENAI_API_KEY"
 
@@ -62,7 +65,7 @@ class PEConfig(StrictConfig):
     """WASP (``method: wasp``) or Aug-PE (``method: augpe``)."""
 
     method: Literal["wasp", "augpe"]
-    run_dir: Path = Path("runs/pe")
+    run_dir: RunDirPath = Path("runs/pe")  # a path or file:// URI (shared storage on a cluster)
     dataset_name: str = "biorxiv"
     prompts: str = "biorxiv"  # bundled prompt folder name or a directory
     data: PEDataConfig
