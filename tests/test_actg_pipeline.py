@@ -139,6 +139,13 @@ def test_pipeline_end_to_end_on_ray_with_resume(ray_session, tmp_path):
     real = load_biorxiv()["abstract"].head(50).tolist()
     blob = (run / "metrics.json").read_text() + "".join(p.read_text() for p in stages.glob("*.done"))
     assert not any(r[:60] in blob for r in real)
+    # release/: DP outputs, adapters and the ledger only (verified against its manifest)
+    from dpsynth_core.release import verify_release
+
+    released = set(verify_release(run)["files"])
+    assert {"synthetic.jsonl", "features.csv", "schema.yaml", "ledger.json"} <= released
+    assert any(f.startswith("generator_adapter/") for f in released) and any(f.startswith("rl_adapter/") for f in released)
+    assert not any(f.startswith(("metrics", "plots", "candidates", "anchors")) for f in released)
 
 
 def test_delta_must_be_below_one_over_the_private_set_size(tmp_path):

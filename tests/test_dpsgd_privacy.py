@@ -152,3 +152,27 @@ def test_sampling_rate_and_delta_come_from_the_public_size_of_a_secret_subsample
     assert drawn_30.sampling_rate == drawn_31.sampling_rate == 8 / 32
     assert drawn_30.delta == drawn_31.delta and drawn_30.noise_multiplier == drawn_31.noise_multiplier
     assert plan(30).sampling_rate != plan(31).sampling_rate  # the old behaviour: q = B / drawn size
+
+
+def test_dpsynth_train_writes_a_release_without_the_owner_only_curve(tmp_path):
+    import pandas as pd
+    import yaml
+    from typer.testing import CliRunner
+
+    from dpsynth_core.cli.train import app
+    from dpsynth_core.release import verify_release
+
+    data = tmp_path / "d.csv"
+    pd.DataFrame({"text": [f"row {i} says something" for i in range(40)]}).to_csv(data, index=False)
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump({
+        "data": {"path": str(data), "text_column": "text"},
+        "train": {"model": "tiny-llama", "epsilon": 2.0, "steps": 1, "expected_batch_size": 4, "max_seq_len": 16,
+                  "device": "cpu"},
+        "output_dir": str(tmp_path / "out"),
+    }))
+    result = CliRunner().invoke(app, ["--config", str(config), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    released = set(verify_release(tmp_path / "out")["files"])
+    assert "adapter/adapter_model.safetensors" in released and "ledger.json" in released
+    assert not any("curve" in f or "history" in f for f in released)

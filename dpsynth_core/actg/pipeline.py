@@ -285,7 +285,20 @@ def run_pipeline(cfg: ActgConfig, *, resume: bool = True, runner: Runner = local
         RunDir(root).mark(name, {"seconds": round(time.perf_counter() - t0, 2), **(summary or {})})
         if cfg.stop_after_stage == name:
             raise StageInterrupted(f"stopped after stage '{name}' (stop_after_stage)")
+    _write_release(cfg, RunDir(root))
     return root
+
+
+def _write_release(cfg: ActgConfig, rd: RunDir) -> None:
+    """release/: the synthetic texts, the DP features and adapters, the schema and the ledger --
+    not the metrics, plots, candidates or anchors (owner-side or intermediate)."""
+    from dpsynth_core.privacy import PrivacyLedger
+    from dpsynth_core.release import write_release
+
+    items = {"synthetic.jsonl": rd.synthetic, "generator_adapter": rd.generator / "adapter"}
+    if cfg.mode == "actg":
+        items.update({"features.csv": rd.features, "rl_adapter": rd.rl / "adapter", "schema.yaml": rd.schema})
+    write_release(rd.root, items, ledger=PrivacyLedger.open(rd.root), method=f"actg ({cfg.mode})")
 
 
 # ---------------------------------------------------------------------------------------------

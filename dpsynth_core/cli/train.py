@@ -122,7 +122,12 @@ def train(
         f"[green]done[/green]: {result.steps} steps, epsilon={result.epsilon:.4f} at delta={result.delta:.3g} "
         f"(noise multiplier {result.noise_multiplier:.4f}, sampling rate {result.sampling_rate:.4g})"
     )
-    console.print(f"adapter: {result.adapter_dir}\ncurve:   {result.curve_png}")
+    from dpsynth_core.release import write_release
+
+    # Publishable: the adapter (with its privacy summary) and the ledger; the loss curve is owner-only.
+    items = {"adapter": result.adapter_dir, **({"merged": result.merged_dir} if result.merged_dir else {})}
+    release = write_release(ledger.path.parent, items, ledger=ledger, method="dp-sgd lora")
+    console.print(f"adapter: {result.adapter_dir}\ncurve:   {result.curve_png} (owner-only)\nrelease: {release}")
     if result.merged_dir:
         console.print(f"merged:  {result.merged_dir}")
     console.print(ledger.render())

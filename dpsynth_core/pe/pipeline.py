@@ -194,5 +194,10 @@ def run_pipeline(config_path: str | Path, method: str, make_llms: LLMFactory, re
                                                    with_mauve=cfg.mauve, seed=cfg.seed)
     if baselines is not None:
         metrics["baselines"] = baselines
-    atomic_write_text(run_dir / "metrics.json", json.dumps(metrics, indent=2, default=float))
+    atomic_write_text(run_dir / "metrics.json", json.dumps(metrics, indent=2, default=float))  # owner-only
+    from dpsynth_core.release import write_release
+
+    plot = run_dir / "plm_weights.png"  # from noisy votes only: post-processing
+    write_release(run_dir, {"synthetic.jsonl": run_dir / "synthetic.jsonl", **({plot.name: plot} if plot.is_file() else {})},
+                  ledger=ledger, method=method)
     return run_dir
