@@ -265,3 +265,15 @@ def test_weak_privacy_answers_in_seconds_with_a_valid_bound():
         assert epsilon_dpsgd(0.01, 0.02, 1000, 1e-5, name) == rdp
     sigma = calibrate_noise_multiplier(1e6, 1e-5, 0.01, 1000)
     assert epsilon_dpsgd(0.01, sigma, 1000, 1e-5) <= 1e6
+
+
+def test_dp_accounting_convergence_notes_do_not_reach_the_user(caplog):
+    """q = 0.2, sigma ~ 1.13 (an audit's DP-SGD) made dp_accounting log dozens of
+    '_compute_log_a_frac failed to converge' warnings per calibration."""
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        epsilon_dpsgd(0.2, 1.1337, 10, 1e-5, "rdp")
+    assert not [r for r in caplog.records if "failed to converge" in r.getMessage()]
+    logging.getLogger("absl").warning("an unrelated absl warning %s", "passes")
+    assert any("unrelated" in r.getMessage() for r in caplog.records)
