@@ -202,7 +202,7 @@ def test_over_length_record_never_echoes_value(tmp_path, suffix):
     exc = raises_at(
         lambda: load_records(path, text_col="text", max_chars=100), path=path, column="text", row=3, words="max_chars=100"
     )
-    assert "2 rows affected" in str(exc)
+    assert "rows affected" not in str(exc) and "2 rows" not in str(exc)  # no count of bad rows: a private statistic
     assert str(len(long_text)) not in str(exc)  # not even the record's length
     assert len(load_records(path, text_col="text", max_chars=len(long_text))) == 4
 

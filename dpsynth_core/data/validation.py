@@ -51,17 +51,15 @@ def require_columns(frame: pd.DataFrame, path: Path, wanted: Sequence[str]) -> N
             )
 
 
-def _first_bad(mask: pd.Series) -> tuple[int, int]:
-    """1-based position of the first True in ``mask`` and the number of Trues."""
-    arr = mask.to_numpy(dtype=bool)
-    return int(arr.argmax()) + 1, int(arr.sum())
+def _first_bad(mask: pd.Series) -> int:
+    """1-based position of the first True in ``mask``."""
+    return int(mask.to_numpy(dtype=bool).argmax()) + 1
 
 
 def _raise_at(path: Path, column: str, mask: pd.Series, problem: str, hint: str | None = None) -> None:
+    # The first bad row only: how many rows are bad is a statistic of the private data.
     if mask.any():
-        row, count = _first_bad(mask)
-        suffix = f" ({count} rows affected)" if count > 1 else ""
-        raise data_error(path, problem + suffix, column=column, row=row, hint=hint)
+        raise data_error(path, problem, column=column, row=_first_bad(mask), hint=hint)
 
 
 def _is_missing(value) -> bool:
