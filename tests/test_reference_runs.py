@@ -23,11 +23,11 @@ def test_allowed_reference_run_marks_the_ledger(tmp_path):
     check_reference_config(math.inf, not_private=True)
     ledger = PrivacyLedger.create(tmp_path, "private", epsilon_budget=1.0, delta=1e-5)
     assert mark_reference_run(ledger, "reference", math.inf)
-    assert not ledger.is_private()
+    assert not ledger.is_private
     assert "epsilon = inf" in ledger.not_private_reasons()[0]["reason"]
 
 
 def test_a_private_run_is_not_marked(tmp_path):
     ledger = PrivacyLedger.create(tmp_path, "private", epsilon_budget=1.0, delta=1e-5)
     assert not mark_reference_run(ledger, "reference", 4.0)
-    assert ledger.is_private()
+    assert ledger.is_private
