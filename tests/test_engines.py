@@ -94,6 +94,25 @@ def test_auto_skips_vllm_for_head_sizes_its_cpu_kernels_lack(monkeypatch) -> Non
     assert resolve_backend(EngineConfig(model="tiny-llama")) == "hf"
 
 
+def test_auto_fallback_says_why_in_one_line(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(factory, "vllm_installed", lambda: False)
+    factory._announce_fallback.cache_clear()
+    with caplog.at_level("WARNING", logger="dpsynth_core.engines.factory"):
+        for _ in range(3):
+            resolve_backend(EngineConfig(model="tiny-llama"))
+    [line] = [r.getMessage() for r in caplog.records]
+    assert "hf for model 'tiny-llama'" in line and "not installed" in line
+
+
+def test_actg_generation_runs_through_the_engine(tiny_hf) -> None:
+    from dpsynth_core.actg.generator import GenerationSettings, generate_texts
+
+    settings = GenerationSettings(max_new_tokens=6, seed=3, engine="hf")
+    out = generate_texts(tiny_hf, None, PROMPTS, settings, n=2, progress=False)
+    assert [len(c) for c in out] == [2, 2] and all(isinstance(t, str) for c in out for t in c)
+    assert generate_texts(tiny_hf, None, PROMPTS, settings, n=2, progress=False) == out
+
+
 # --- vLLM (skipped unless vllm is installed) ------------------------------------------------------
 
 SMOLLM2 = "smollm2-135m-instruct"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 from functools import lru_cache
 
 from dpsynth_core.engines.base import TextEngine
@@ -12,6 +13,14 @@ from dpsynth_core.errors import ConfigError
 
 # Head sizes vLLM's CPU attention kernels implement (vllm/v1/attention/backends/cpu_attn.py).
 _CPU_HEAD_SIZES = {32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512}
+
+log = logging.getLogger(__name__)
+
+
+@lru_cache(maxsize=64)
+def _announce_fallback(model: str, reason: str) -> None:
+    """One line per (model, reason) and process: which engine runs and why, never repeated per call."""
+    log.warning("generation engine: hf for model '%s' (vllm not used: %s)", model, reason)
 
 
 def vllm_installed() -> bool:
@@ -66,6 +75,7 @@ def resolve_backend(config: EngineConfig) -> str:
         return "vllm"
     if config.backend == "vllm":
         raise ConfigError(f"field 'backend': vllm cannot run model '{config.model}': {reason}")
+    _announce_fallback(config.model, reason)
     return "hf"
 
 

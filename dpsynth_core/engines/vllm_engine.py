@@ -70,6 +70,10 @@ class VLLMEngine(TextEngine):
             model=str(model_dir), tokenizer=str(model_dir),
             dtype="bfloat16" if config.dtype == "auto" else config.dtype,
             enforce_eager=True, max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
+            # A prompt split across steps (chunked prefill) has its sampled token discarded, and vLLM then
+            # rewinds the request's seeded generator with set_offset, which CPU generators lack ("CPU
+            # Generator does not use offset", seen at 128 seeded prompts). Unsplit prefills keep seeds usable.
+            enable_chunked_prefill=False,
             seed=secret_seed(31),  # only used by requests without a seed; ours always carry one
             **kwargs,
         )
