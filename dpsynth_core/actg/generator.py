@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -34,6 +35,8 @@ class GenerationSettings(StrictConfig):
     top_p: float = Field(0.95, gt=0.0, le=1.0)
     batch_size: int = Field(16, ge=1)
     seed: int = 0
+    # auto: vLLM where installed and it runs the model, else HF batched generate (one log line says so)
+    engine: Literal["auto", "vllm", "hf"] = "auto"
 
 
 def load_prompt_template(name_or_path: str | Path = "conditional") -> str:
@@ -96,14 +99,48 @@ def train_conditional_generator(examples: Sequence, config, *, output_dir: Path,
                          progress=progress)
 
 
+def open_generator(base_model: str, adapter_dir: Path | None, settings: GenerationSettings):
+    """The DP generator (base + adapter) as a :class:`~dpsynth_core.engines.TextEngine` on the
+    backend ``settings.engine`` picks; pass it to :func:`generate_texts` and close it after."""
+    from dpsynth_core.engines import EngineConfig, load_engine
+
+    return load_engine(EngineConfig(model=base_model, adapter_dir=adapter_dir, backend=settings.engine,
+                                    hf_batch_size=settings.batch_size))
+
+
+# Prompts per engine call when generating through an engine: big enough for vLLM's continuous
+# batching, small enough that the progress bar moves and a call's seed covers a fixed slice.
+ENGINE_CHUNK = 256
+
+
+def _generate_with_engine(engine, prompts: Sequence[str], settings: GenerationSettings, n: int,
+                          progress: bool, desc: str) -> list[list[str]]:
+    from tqdm.auto import tqdm
+
+    from dpsynth_core.engines import SamplingParams
+
+    out: list[list[str]] = []
+    starts = range(0, len(prompts), ENGINE_CHUNK)
+    for c, start in enumerate(tqdm(starts, desc=desc, disable=not progress, unit="chunk")):
+        params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+                                top_p=settings.top_p, n=n, seed=(settings.seed * 100_003 + c) % 2**62)
+        out.extend(engine.run(prompts[start:start + ENGINE_CHUNK], params).grouped())
+    return out
+
+
 def generate_texts(model, tokenizer, prompts: Sequence[str], settings: GenerationSettings, *,
                    n: int = 1, progress: bool = True, desc: str = "generating") -> list[list[str]]:
-    """``n`` sampled completions per prompt (``out[i][j]``), in batches of ``settings.batch_size``.
+    """``n`` sampled completions per prompt (``out[i][j]``).
 
-    Sequences are expanded prompt-major, so a batch holds several samples of the same prompt;
-    each batch is seeded from ``settings.seed`` and its index, so results do not depend on how
-    many batches ran before a resume.
+    ``model`` is an engine from :func:`open_generator` (``tokenizer`` unused) or an HF model.
+    HF: batches of ``settings.batch_size``, expanded prompt-major, so a batch holds several samples
+    of the same prompt; each batch (engine: each chunk of prompts) is seeded from ``settings.seed``
+    and its index, so results do not depend on how many batches ran before a resume.
     """
+    from dpsynth_core.engines import TextEngine
+
+    if isinstance(model, TextEngine):
+        return _generate_with_engine(model, prompts, settings, n, progress, desc)
     import torch
     from tqdm.auto import tqdm
 

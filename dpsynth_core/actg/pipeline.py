@@ -414,19 +414,19 @@ def _prompts(cfg: ActgConfig, rd: RunDir, rows: list[dict] | None, count: int) -
 def stage_generate(cfg: ActgConfig, root: str) -> dict:
     """N candidates per synthetic attribute row from the DP generator (plain sampling)."""
     from dpsynth_core.actg.best_of_n import record_post_processing
-    from dpsynth_core.actg.generator import generate_texts
-    from dpsynth_core.dpsgd import load_generator
+    from dpsynth_core.actg.generator import generate_texts, open_generator
     from dpsynth_core.privacy import PrivacyLedger
 
     _threads(cfg)
     rd = RunDir(Path(root))
     rows = _synthetic_rows(cfg, rd)
-    model, tok = load_generator(cfg.dpsgd_config(1.0).model, Path(rd.summary("dp_generator")["adapter_dir"]))
     n = cfg.best_of_n.n
     if cfg.best_of_n.serve_app:
         return {"candidates": "via serve", "n": n}  # generation happens inside stage_best_of_n
-    cands = generate_texts(model, tok, _prompts(cfg, rd, rows, len(rows)), cfg.generation, n=n,
-                           desc=f"generating {n} candidates per row")
+    adapter = Path(rd.summary("dp_generator")["adapter_dir"])
+    with open_generator(cfg.dpsgd_config(1.0).model, adapter, cfg.generation) as engine:
+        cands = generate_texts(engine, None, _prompts(cfg, rd, rows, len(rows)), cfg.generation, n=n,
+                               desc=f"generating {n} candidates per row")
     write_jsonl(rd.candidates, [{"attributes": r, "candidates": c} for r, c in zip(rows, cands)])
     record_post_processing(PrivacyLedger.open(rd.root), "generate", {"rows": len(rows), "n": n})
     return {"rows": len(rows), "n": n}
@@ -487,8 +487,7 @@ def stage_synthesize(cfg: ActgConfig, root: str) -> dict:
     """The released synthetic texts: one per synthetic attribute row from the final policy
     (after RL in ACTG mode; the DP generator with unconditional prompts in vanilla mode)."""
     from dpsynth_core.actg.best_of_n import record_post_processing
-    from dpsynth_core.actg.generator import generate_texts
-    from dpsynth_core.dpsgd import load_generator
+    from dpsynth_core.actg.generator import generate_texts, open_generator
     from dpsynth_core.privacy import PrivacyLedger
 
     _threads(cfg)
@@ -501,10 +500,10 @@ def stage_synthesize(cfg: ActgConfig, root: str) -> dict:
         rows = None
         adapter = Path(rd.summary("dp_generator")["adapter_dir"])
     count = len(rows) if rows is not None else cfg.features.n_synthetic
-    model, tok = load_generator(base, adapter)
     settings = cfg.generation.model_copy(update={"seed": cfg.generation.seed + 1})  # fresh samples
-    texts = [c[0] for c in generate_texts(model, tok, _prompts(cfg, rd, rows, count), settings, n=1,
-                                          desc="synthesizing")]
+    with open_generator(base, adapter, settings) as engine:
+        texts = [c[0] for c in generate_texts(engine, None, _prompts(cfg, rd, rows, count), settings, n=1,
+                                              desc="synthesizing")]
     out = [{"text": t, **({"attributes": r} if rows is not None else {})}
            for t, r in zip(texts, rows if rows is not None else [None] * count)]
     write_jsonl(rd.synthetic, out)
