@@ -13,6 +13,9 @@
   when there is nothing left).
 
 Keys in ``ignore`` (dotted paths) change how a run executes, not what it outputs.
+
+Each entry holds the run's lock (``run_lock.RunLock``) around all of this, so the rule is decided
+by one process at a time; ``--fresh`` moves the old files but leaves the lock file in place.
 """
 
 from __future__ import annotations
@@ -55,21 +58,48 @@ def open_run_dir(root: Path, snapshot: dict, *, resume: bool, ignore: tuple[str,
     """Create, reopen or (``resume=False``) replace the run directory ``root``; see the module doc."""
     root = Path(root)
     text = snapshot_text(snapshot)
-    if root.exists() and not resume:
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-        os.replace(root, root.with_name(f"{root.name}.prev-{stamp}"))
-    config_file = root / CONFIG_FILE
-    if config_file.is_file():
-        old = yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}
-        diff = changed_keys(old, yaml.safe_load(text), ignore)
-        if diff:
-            raise ConfigError(
-                f"{root}: this run was made with a different config (changed: {', '.join(diff)}); its outputs and "
-                "ledger belong to the old one. Re-run with --fresh (the old run is moved aside) or set another name")
+    if not resume:
+        move_aside(root)
+    if refuse_changed_config(root, snapshot, ignore):
         return root
     root.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(config_file, text)
+    atomic_write_text(root / CONFIG_FILE, text)
     return root
+
+
+def move_aside(root: Path) -> Path | None:
+    """``--fresh``: move an old run's files into ``NAME.prev-STAMP`` (None when there are none).
+
+    The run lock file stays: the process that holds it keeps the run directory locked."""
+    from dpsynth_core.run_lock import LOCK_FILE
+
+    old = [p for p in root.iterdir() if p.name != LOCK_FILE] if root.is_dir() else []
+    if not old:
+        return None
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    aside, n = root.with_name(f"{root.name}.prev-{stamp}"), 1
+    while aside.exists():  # two --fresh runs within a second
+        aside, n = root.with_name(f"{root.name}.prev-{stamp}-{n}"), n + 1
+    aside.mkdir()
+    for path in old:
+        os.replace(path, aside / path.name)
+    return aside
+
+
+def refuse_changed_config(root: Path, snapshot: dict, ignore: tuple[str, ...] = ()) -> bool:
+    """True when ``root`` already holds a run of this config; ConfigError (naming the changed keys
+    and suggesting ``--fresh``) when it holds one of another config; False when it holds none.
+    Reads only; creates nothing."""
+    config_file = Path(root) / CONFIG_FILE
+    if not config_file.is_file():
+        return False
+    old = yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}
+    diff = changed_keys(old, yaml.safe_load(snapshot_text(snapshot)), ignore)
+    if diff:
+        raise ConfigError(
+            f"{root}: this run was made with a different config (changed: {', '.join(diff)}); its outputs and "
+            "ledger belong to the old one. Re-run with --fresh (the old run is moved aside) or set another name")
+    return True
 
 
 def announce_finished(root: Path) -> None:

@@ -214,3 +214,92 @@ def test_mark_not_private_is_permanent_and_shown_with_every_total(tmp_path):
     assert "NOT PRIVATE (dpsgd): sampling_seed is fixed" in text and "NOT PRIVATE, composed: epsilon=" in text
     with pytest.raises(ConfigError, match="reason"):
         ledger.mark_not_private("dpsgd", " ")
+
+
+# ------------------------------------------------------------------------------- reservations
+HOLDER = """
+    import sys
+    from dpsynth_core.privacy import PrivacyLedger, GaussianEvent
+    ledger = PrivacyLedger.open({run!r})
+    with ledger.reserve("first", GaussianEvent(noise_multiplier=3.0)):
+        print("held", flush=True)
+        if sys.stdin.readline().strip() == "crash":
+            import os; os._exit(3)  # killed inside the stage: no cleanup runs
+        ledger.record("first", GaussianEvent(noise_multiplier=3.0))
+    print("recorded", flush=True)
+"""
+
+
+def _one_fits(run: Path) -> PrivacyLedger:
+    """A ledger whose budget holds one GaussianEvent(3.0) but not two."""
+    budget = 1.2 * gaussian_epsilon(3.0, 1, DELTA)
+    assert gaussian_epsilon(3.0, 2, DELTA) > budget
+    return PrivacyLedger.create(run, "biorxiv", budget, DELTA)
+
+
+def _holder(run: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLDER.format(run=str(run)))], cwd=REPO,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held", proc.stderr.read()
+    return proc
+
+
+def test_reservation_of_a_running_stage_refuses_another_before_it_starts(tmp_path):
+    run = tmp_path / "run"
+    ledger = _one_fits(run)
+    holder = _holder(run)
+    try:
+        with pytest.raises(BudgetExceededError, match=rf"reserved by stages still running: 'first' .*pid {holder.pid}"):
+            with ledger.reserve("second", GaussianEvent(noise_multiplier=3.0)):
+                pytest.fail("the second stage must not start")
+        with pytest.raises(BudgetExceededError):  # a plain check counts the reservation too
+            ledger.check("second", GaussianEvent(noise_multiplier=3.0))
+        assert [r.stage for r in ledger.reservations()] == ["first"]
+        assert "budget reserved by a running stage: 'first'" in ledger.render()
+        assert ledger.entries() == []  # nothing recorded yet: refused on the reservation alone
+    finally:
+        out, err = holder.communicate("go\n", timeout=60)
+    assert holder.returncode == 0 and out.split() == ["recorded"], err
+    # record() turned the reservation into the event, in one transaction
+    assert [e.stage for e in ledger.entries()] == ["first"] and ledger.reservations() == []
+
+
+def test_reservation_is_released_when_the_stage_fails(tmp_path):
+    ledger = _one_fits(tmp_path / "run")
+    with pytest.raises(RuntimeError, match="stage failed"):
+        with ledger.reserve("first", GaussianEvent(noise_multiplier=3.0)):
+            raise RuntimeError("stage failed")
+    assert ledger.reservations() == [] and ledger.entries() == []
+    with ledger.reserve("again", GaussianEvent(noise_multiplier=3.0)):
+        ledger.record("again", GaussianEvent(noise_multiplier=3.0))
+    assert [e.stage for e in ledger.entries()] == ["again"]
+
+
+def test_reservation_of_a_dead_process_is_cleared(tmp_path):
+    import sqlite3
+    import time
+
+    from dpsynth_core.privacy.reservations import STALE_AFTER_S
+
+    run = tmp_path / "run"
+    ledger = _one_fits(run)
+    holder = _holder(run)
+    holder.communicate("crash\n", timeout=60)
+    assert holder.returncode == 3
+    with sqlite3.connect(run / LEDGER_FILE) as conn:  # the row is still there ...
+        assert conn.execute("SELECT pid FROM reservations").fetchall() == [(holder.pid,)]
+    assert ledger.reservations() == []  # ... but its process is gone: it does not count
+    # another host's row counts while its heartbeat is fresh and is cleared once it is stale
+    with sqlite3.connect(run / LEDGER_FILE) as conn:
+        conn.execute("INSERT INTO reservations (stage, kind, params, pid, host, process_start, created, heartbeat) "
+                     "VALUES ('remote', 'gaussian', ?, 1, 'another-node', '', '', ?)",
+                     (json.dumps(GaussianEvent(noise_multiplier=3.0).params()), time.time()))
+    with pytest.raises(BudgetExceededError, match="'remote' .*another-node"):
+        ledger.check("local", GaussianEvent(noise_multiplier=3.0))
+    with sqlite3.connect(run / LEDGER_FILE) as conn:
+        conn.execute("UPDATE reservations SET heartbeat = ? WHERE host = 'another-node'", (time.time() - STALE_AFTER_S - 1,))
+    with ledger.reserve("local", GaussianEvent(noise_multiplier=3.0)) as held:
+        assert [r.id for r in ledger.reservations()] == [held.id]
+        ledger.record("local", GaussianEvent(noise_multiplier=3.0))
+    with sqlite3.connect(run / LEDGER_FILE) as conn:  # both stale rows were deleted by the reservation
+        assert conn.execute("SELECT COUNT(*) FROM reservations").fetchone() == (0,)

@@ -11,6 +11,17 @@ Pattern for a DP stage::
     ...run the mechanism...
     ledger.record(stage, event)  # checks again and persists atomically
 
+A long stage that other processes could race for the same budget (two ``dpsynth train`` runs on
+one ledger) reserves its event first, so the loser is refused before it reads private data::
+
+    with ledger.reserve(stage, event):  # BudgetExceededError now, not after training
+        ...run the mechanism...
+        ledger.record(stage, event)     # converts the reservation into the event
+
+A reservation is checked and written in one ``BEGIN IMMEDIATE`` transaction and counts in every
+later check, reservation and record of other processes (see ``reservations.py`` for how the
+reservations of dead processes are cleared).
+
 A run that used a test-only shortcut (a fixed sampling/noise seed, a simulated crash, noise
 switched off: epsilon = inf) calls ``ledger.mark_not_private(stage, reason)``; the mark is
 permanent, and ``render()``, ``to_dict()`` and ``dpsynth ledger show`` state it above the totals.
@@ -23,7 +34,8 @@ import math
 import os
 import sqlite3
 import tempfile
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,6 +51,15 @@ from dpsynth_core.privacy.events import (
     SelectionEvent,
     ZCdpEvent,
     event_from_dict,
+)
+from dpsynth_core.privacy.reservations import (
+    STALE_RULE,
+    Reservation,
+    clear_stale,
+    delete_reservation,
+    heartbeat,
+    insert_reservation,
+    live_reservations,
 )
 
 LEDGER_FILE = "ledger.sqlite"
@@ -112,6 +133,13 @@ def _connect(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(path, timeout=60.0, isolation_level=None)
 
 
+def _make_durable(path: Path) -> None:
+    """An object-store run (s3://, gs://) uploads its ledger now, before the event's output is released."""
+    from dpsynth_core.storage_sync import make_durable
+
+    make_durable(path.parent, path)
+
+
 class PrivacyLedger:
     """Persistent record of every privacy-relevant event of one private data set."""
 
@@ -121,6 +149,7 @@ class PrivacyLedger:
         self.epsilon_budget = float(epsilon_budget)
         self.delta = float(delta)
         self.created = created
+        self._held: dict[str, int] = {}  # stage -> id of the reservation this object holds
 
     # ----------------------------------------------------------------------------- lifecycle
     @classmethod
@@ -249,25 +278,70 @@ class PrivacyLedger:
                 + ", ".join(t.__name__ for t in _EVENT_TYPES)
             )
 
-    def _projected(self, stage: str, event, existing: list) -> float:
-        projected = self._compose([*existing, event])[0]
+    def _projected(self, stage: str, event, existing: list, reserved: list[Reservation] = ()) -> float:
+        projected = self._compose([*existing, *(r.event() for r in reserved), event])[0]
         if not projected <= self.epsilon_budget * (1.0 + _TOLERANCE):
+            in_flight = ("; reserved by stages still running: " + ", ".join(r.describe() for r in reserved)
+                         + f" ({STALE_RULE})") if reserved else ""
             raise BudgetExceededError(
                 f"stage {stage!r} ({event.kind}) refused: it would take the privacy spend of dataset "
                 f"{self.dataset!r} to epsilon={projected:.4f} (delta={self.delta:g}), over the budget "
-                f"epsilon={self.epsilon_budget:g}; already spent {self._compose(existing)[0]:.4f}"
+                f"epsilon={self.epsilon_budget:g}; already spent {self._compose(existing)[0]:.4f}{in_flight}"
             )
         return projected
+
+    def _others_reservations(self, conn: sqlite3.Connection, stage: str) -> list[Reservation]:
+        """Live reservations except the one this object holds for ``stage``."""
+        own = self._held.get(stage)
+        return [r for r in live_reservations(conn) if r.id != own]
 
     def projected_epsilon(self, event) -> float:
         """Composed epsilon of the recorded events plus ``event`` (no budget check, writes nothing)."""
         return self._compose([*self.events(), event])[0]
 
     def check(self, stage: str, event) -> float:
-        """Projected total epsilon if ``event`` were recorded; BudgetExceededError if over budget.
-        Writes nothing."""
+        """Projected total epsilon if ``event`` were recorded (with the reservations of stages still
+        running); BudgetExceededError if over budget. Writes nothing."""
         self._validate(stage, event)
-        return self._projected(stage, event, self.events())
+        with closing(_connect(self.path)) as conn:
+            existing = [e.event() for e in self._entries(conn)]
+            return self._projected(stage, event, existing, self._others_reservations(conn, stage))
+
+    def reservations(self) -> list[Reservation]:
+        """Reservations of stages still running (those of dead processes left out)."""
+        with closing(_connect(self.path)) as conn:
+            return live_reservations(conn)
+
+    @contextmanager
+    def reserve(self, stage: str, event) -> Iterator[Reservation]:
+        """Hold ``event``'s budget for ``stage`` until ``record(stage, ...)`` or the block ends.
+
+        Refused (BudgetExceededError) unless the recorded events, every other live reservation and
+        ``event`` fit the budget; checked and written in one transaction, so of two processes that
+        race for the last of the budget exactly one gets it. Released when the block ends without a
+        record (failure, interruption); a crash leaves a row that ``reservations.py`` clears."""
+        self._validate(stage, event)
+        if stage in self._held:
+            raise ConfigError(f"stage {stage!r}: this ledger already holds a reservation for it")
+        with closing(_connect(self.path)) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                clear_stale(conn)
+                existing = [e.event() for e in self._entries(conn)]
+                self._projected(stage, event, existing, live_reservations(conn))
+                held = insert_reservation(conn, stage, event)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        self._held[stage] = held.id
+        try:
+            with heartbeat(self.path, held.id):
+                yield held
+        finally:
+            if self._held.pop(stage, None) is not None:  # not converted by record(): give it back
+                with closing(_connect(self.path)) as conn:
+                    delete_reservation(conn, held.id)
 
     def record(self, stage: str, event, details: dict | None = None) -> float:
         """Check against the budget and persist ``event`` in one transaction; returns the new total."""
@@ -281,17 +355,21 @@ class PrivacyLedger:
             conn.execute("BEGIN IMMEDIATE")  # lock: no other process records between check and insert
             try:
                 existing = [e.event() for e in self._entries(conn)]
-                total = self._projected(stage, event, existing)
+                total = self._projected(stage, event, existing, self._others_reservations(conn, stage))
                 conn.execute(
                     "INSERT INTO events (stage, kind, params, epsilon_alone, total_epsilon_after, details, timestamp) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (stage, event.kind, json.dumps(event.params(), sort_keys=True), eps_alone, total,
                      details_json, _now()),
                 )
+                if stage in self._held:  # the reservation becomes this event, in the same transaction
+                    delete_reservation(conn, self._held[stage])
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
+        self._held.pop(stage, None)
+        _make_durable(self.path)
         return total
 
     def mark_not_private(self, stage: str, reason: str) -> None:
@@ -308,6 +386,7 @@ class PrivacyLedger:
             conn.executescript(_NOT_PRIVATE_SCHEMA)
             conn.execute("INSERT OR IGNORE INTO not_private (stage, reason, timestamp) VALUES (?, ?, ?)",
                          (stage, reason, _now()))
+        _make_durable(self.path)
 
     # ----------------------------------------------------------------------------- reporting
     def to_dict(self) -> dict[str, Any]:
@@ -353,6 +432,8 @@ class PrivacyLedger:
         naive = sum(e.epsilon for e in entries)
         for mark in self.not_private_reasons():
             console.print(f"NOT PRIVATE ({mark['stage']}): {mark['reason']}", markup=False)
+        for held in self.reservations():
+            console.print(f"budget reserved by a running stage: {held.describe()}", markup=False)
         console.print(
             ("NOT PRIVATE, " if not self.is_private else "") + f"composed: epsilon={total:.4f} at delta={self.delta:.3g} (bound: {method}); "
             f"budget {self.epsilon_budget:g}, remaining {max(0.0, self.epsilon_budget - total):.4f}; "
