@@ -190,7 +190,8 @@ def test_classes_are_required_not_read_from_private_counts(tmp_path):
 
 
 def test_delta_must_be_below_one_over_the_private_set_size(tmp_path):
-    """An explicit delta >= 1/num_private is refused naming the field; the default uses the public
+    """An explicit delta >= 1/num_private is refused naming the field; the default is the paper's 1e-5
+    (old code: 1/(M ln M) = 2.2e-3 at M = 100); the small-M rule is an option and uses the public
     num_private, never the size of the secretly drawn set."""
     from dpsynth_core.errors import ConfigError
     from dpsynth_core.pe.config import PEConfig
@@ -201,4 +202,7 @@ def test_delta_must_be_below_one_over_the_private_set_size(tmp_path):
     with pytest.raises(ConfigError, match=r"field 'delta'.*not below 1/n"):
         open_ledger(PEConfig(method="wasp", data=data, delta=0.1), tmp_path / "a")
     (tmp_path / "b").mkdir()
-    assert open_ledger(PEConfig(method="wasp", data=data), tmp_path / "b").delta == pytest.approx(default_delta(12))
+    assert open_ledger(PEConfig(method="wasp", data=data), tmp_path / "b").delta == 1e-5
+    (tmp_path / "c").mkdir()
+    rule = PEConfig(method="wasp", data=data, delta="1/(M ln M)")
+    assert open_ledger(rule, tmp_path / "c").delta == pytest.approx(default_delta(12))

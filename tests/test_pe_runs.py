@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from dpsynth_core.pe.dp import calibrate_noise_multiplier
-from dpsynth_core.privacy import PrivacyLedger, default_delta
+from dpsynth_core.privacy import PrivacyLedger
 
 CLASSES = ["neuroscience", "bioinformatics", "microbiology"]
 
@@ -27,7 +27,7 @@ def _write_config(tmp_path: Path, name: str, **overrides) -> Path:
             {"model": "tiny-llama", "name": "tiny-a", "backend": "hf", "temperature": 1.0, "seed": 1, "batch_size": 8},
             {"model": "tiny-llama", "name": "tiny-b", "backend": "hf", "temperature": 1.3, "seed": 2, "batch_size": 8},
         ],
-        "epsilon": 4.0, "iterations": 2, "num_synthetic": 18, "q": 3, "select_per_class": 2,
+        "epsilon": 4.0, "iterations": 2, "num_synthetic": 18, "q": 1, "select_per_class": 2,
         "max_new_tokens": 8, "seed": 0, "evaluate": False,
     }
     cfg.update(overrides)
@@ -75,9 +75,9 @@ def test_wasp_two_iterations_serve_and_actor_backends(ray_session, biorxiv_csv, 
     assert {r["plm"] for r in rows} == {"tiny-serve", "tiny-actor"}  # both backends produced samples
     assert sorted({r["iteration"] for r in rows}) == [0, 1, 2]
 
-    delta = default_delta(12)
+    delta = 1e-5  # the paper's delta (default)
     nm = calibrate_noise_multiplier(4.0, delta, 2)
-    sens = math.sqrt(2 * (1 + 1 / 4 + 1 / 16))
+    sens = math.sqrt(2)  # Q = 1
     votes = _vote_entries(run_dir, "wasp.topq_vote")
     assert len(votes) == 1
     assert votes[0].params == {"noise_multiplier": pytest.approx(nm), "compositions": 2}
@@ -109,7 +109,7 @@ def test_augpe_federated_run(biorxiv_csv, tmp_path):
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert [r["iteration"] for r in metrics["history"]] == [0, 1, 2]
     assert metrics["num_synthetic"] == 9
-    nm = calibrate_noise_multiplier(4.0, default_delta(12), 2)
+    nm = calibrate_noise_multiplier(4.0, 1e-5, 2)
     (vote,) = _vote_entries(run_dir, "augpe.nn_vote")
     assert vote.details["sensitivity_l2"] == 1.0 and vote.details["federated_parties"] == 2
     assert vote.details["sigma"] == pytest.approx(nm)

@@ -60,3 +60,30 @@ def test_weights_edge_cases():
     # budgets follow weights and always add up
     assert allocate_budget(np.array([0.7, 0.3]), 10) == [7, 3]
     assert sum(allocate_budget(np.array([1 / 3, 1 / 3, 1 / 3]), 10)) == 10
+
+
+def test_paper_weights_normalise_by_each_plms_share_not_volume():
+    """w_k = sum_{i in D_k} s_i / (|D_k| / |D|): PLM 0 wrote 10 samples voted 1.0 each, PLM 1 wrote 30
+    samples voted 0.5 each. Summing raw votes (the old default) favours PLM 1 for its volume (15 > 10);
+    the paper's rule favours PLM 0, whose samples are better (mean 1.0 > 0.5): 40 : 20."""
+    votes = np.array([1.0] * 10 + [0.5] * 30)
+    ids = [0] * 10 + [1] * 30
+    assert update_plm_weights(votes, ids, 2) == pytest.approx([2 / 3, 1 / 3])
+    assert update_plm_weights(votes, ids, 2, rule="raw_votes") == pytest.approx([0.4, 0.6])
+    # noisy votes are summed unclipped: zero-mean noise on PLM 1's many useless samples adds nothing
+    noise = np.random.default_rng(0).normal(0, 1.0, 4000)
+    noise -= noise.mean()
+    noisy = np.concatenate([np.full(1000, 0.2), noise])
+    w = update_plm_weights(noisy, [0] * 1000 + [1] * 4000, 2)
+    assert w[0] == pytest.approx(1.0)
+    assert update_plm_weights(noisy, [0] * 1000 + [1] * 4000, 2, rule="raw_votes")[1] > 0.8  # clipped noise wins
+    # a PLM with no samples left gets weight 0, not a division by zero
+    assert update_plm_weights(np.array([1.0, 2.0]), [0, 0], 2) == pytest.approx([1.0, 0.0])
+
+
+def test_extensions_are_off_by_default():
+    from dpsynth_core.pe.config import PEConfig
+
+    cfg = PEConfig(method="wasp", data={"source": "biorxiv", "classes": ["x", "y"]})
+    assert (cfg.weight_floor, cfg.weight_momentum, cfg.plm_weighting) == (0.0, 0.0, "share_normalised")
+    assert cfg.delta == 1e-5 and cfg.example_fraction == 0.5 and cfg.contrastive

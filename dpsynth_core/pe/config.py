@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from dpsynth_core.config import StrictConfig
+from dpsynth_core.errors import ConfigError
+from dpsynth_core.privacy.reference_runs import is_infinite
 from dpsynth_core.resources import StageResources
 from dpsynth_core.storage import RunDirPath
 
@@ -71,15 +73,24 @@ class PEConfig(StrictConfig):
     data: PEDataConfig
     plms: list[PLMConfig] = Field(default_factory=lambda: [PLMConfig()], min_length=1)
     embedder: str = "minilm"
-    epsilon: float = Field(4.0, gt=0)
-    delta: float | None = None  # default: 1 / (M ln M)
+    epsilon: float = Field(4.0, gt=0)  # .inf: a non-private reference run, only with not_private: true
+    not_private: bool = False
+    # The paper's delta (1e-5). "1/(M ln M)" is the small-M rule (2.2e-3 at M = 100: a weaker guarantee).
+    delta: float | Literal["1/(M ln M)"] = 1e-5
     iterations: int = Field(2, ge=1)  # T noisy votes
     num_synthetic: int = Field(50, ge=2)  # size of the final synthetic set
     q: int = Field(8, ge=1)  # WASP Top-Q
+    # Refused unless true: a first vote where a class has < 2Q candidates (nearest and farthest sets overlap).
+    allow_degenerate_votes: bool = False
     select_per_class: int = Field(3, ge=1)  # WASP: S good and S bad examples per class
+    example_fraction: float = Field(0.5, gt=0, le=1)  # WASP: share of the S good / S bad drawn per prompt
+    contrastive: bool = True  # False (ablation): prompts show the good examples only; the vote is unchanged
+    # WASP PLM weights: the paper's w_k = sum_{i in D_k} s_i / (|D_k| / |D|) ("share_normalised"), the
+    # pre-paper sum of clipped votes ("raw_votes", rewards volume), or fixed equal weights ("uniform", ablation).
+    plm_weighting: Literal["share_normalised", "raw_votes", "uniform"] = "share_normalised"
     threshold: float = 0.0  # Aug-PE: votes below this do not count (in vote units)
-    weight_momentum: float = Field(0.0, ge=0, lt=1)
-    weight_floor: float = Field(0.05, ge=0, lt=1)
+    weight_momentum: float = Field(0.0, ge=0, lt=1)  # extension (not in the paper): off by default
+    weight_floor: float = Field(0.0, ge=0, lt=1)  # extension (not in the paper): off by default
     max_new_tokens: int = Field(96, ge=1)
     federated_parties: int = Field(1, ge=1)  # L > 1: each party adds N(0, (sigma/sqrt(L))^2)
     seed: int = 0  # generation seeds (post-processing); never DP noise or the private selection
@@ -94,8 +105,18 @@ class PEConfig(StrictConfig):
     @model_validator(mode="after")
     def _check(self) -> PEConfig:
         from dpsynth_core.privacy.randomness import refuse_pinned_dp_seed
+        from dpsynth_core.privacy.reference_runs import check_reference_config
 
         if self.data.source == "file" and self.data.path is None:
             raise ValueError("data.path is required when data.source is 'file'")
         refuse_pinned_dp_seed("noise_seed", self.noise_seed)
+        try:
+            check_reference_config(self.epsilon, self.not_private, "epsilon")
+        except ConfigError as exc:  # a validation error like every other field's
+            raise ValueError(str(exc)) from None
         return self
+
+    @property
+    def is_reference(self) -> bool:
+        """epsilon = inf (allowed only with not_private: true): no vote noise, ledger marked."""
+        return is_infinite(self.epsilon)

@@ -92,6 +92,19 @@ class GaussianMechanism:
         return h + rng.normal(0.0, self.sigma, size=h.shape)
 
 
+class NoiselessMechanism:
+    """epsilon = inf reference runs only (``not_private: true``; the ledger is marked): no noise."""
+
+    noise_multiplier = 0.0
+    sigma = 0.0
+
+    def __init__(self, sensitivity: float) -> None:
+        self.sensitivity = float(sensitivity)
+
+    def privatize(self, histogram: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return np.asarray(histogram, dtype=np.float64).copy()
+
+
 class FederatedGaussianMechanism(GaussianMechanism):
     """L parties each vote on their own records and add N(0, (sigma / sqrt(L))^2); the noisy
     partial histograms are summed by the aggregator, so the sum carries N(0, sigma^2) total noise

@@ -56,16 +56,33 @@ def prepare_run_dir(cfg: PEConfig, config_text: str, resume: bool) -> Path:
     return run_dir
 
 
+def resolve_delta(cfg: PEConfig) -> float:
+    """The run's delta: the configured value (the paper's 1e-5 by default), or 1/(M ln M) for the
+    configured (public) M = data.num_private -- never the drawn set's size, which is private.
+    Either must be below 1/M."""
+    from dpsynth_core.privacy import check_delta_for_size, default_delta
+
+    m = cfg.data.num_private
+    if cfg.delta == "1/(M ln M)":
+        return default_delta(m)
+    return check_delta_for_size(cfg.delta, m, "delta")
+
+
+REFERENCE_LEDGER_BUDGET = 1e6  # nominal: the ledger needs a finite budget; a reference run records no event
+
+
 def open_ledger(cfg: PEConfig, run_dir: Path):
-    """The run's ledger; delta defaults to 1/(M ln M) for the configured (public) M = data.num_private,
-    never for the drawn set's size, which is private. An explicit delta must be below 1/M."""
-    from dpsynth_core.privacy import LEDGER_FILE, PrivacyLedger, check_delta_for_size, default_delta
+    """The run's ledger (see :func:`resolve_delta`); an epsilon = inf reference run's ledger is
+    marked "not private" before any vote reads private data."""
+    from dpsynth_core.privacy import LEDGER_FILE, PrivacyLedger
+    from dpsynth_core.privacy.reference_runs import mark_reference_run
 
     if (run_dir / LEDGER_FILE).is_file():
         return PrivacyLedger.open(run_dir)
-    m = cfg.data.num_private
-    delta = check_delta_for_size(cfg.delta, m, "delta") if cfg.delta is not None else default_delta(m)
-    return PrivacyLedger.create(run_dir, cfg.dataset_name, epsilon_budget=cfg.epsilon, delta=delta)
+    budget = REFERENCE_LEDGER_BUDGET if cfg.is_reference else cfg.epsilon
+    ledger = PrivacyLedger.create(run_dir, cfg.dataset_name, epsilon_budget=budget, delta=resolve_delta(cfg))
+    mark_reference_run(ledger, f"{cfg.method}.reference", cfg.epsilon)
+    return ledger
 
 
 def write_synthetic(run_dir: Path, state: RunState, names: list[str]) -> Path:

@@ -61,6 +61,14 @@ def top_per_class(labels: list[str], scores: np.ndarray, s: int, classes: list[s
     return out
 
 
+def draw_examples(indices: list[int], fraction: float, rng: np.random.Generator) -> list[int]:
+    """A random ``fraction`` of ``indices`` (at least one when any), without replacement, in random order."""
+    if not indices:
+        return []
+    k = max(1, int(round(fraction * len(indices))))
+    return [int(i) for i in rng.choice(np.asarray(indices), size=k, replace=False)]
+
+
 def threshold_probabilities(scores: np.ndarray, threshold: float) -> np.ndarray:
     """Aug-PE selection weights: max(score - threshold, 0), normalised; uniform if all are 0."""
     w = np.maximum(np.asarray(scores, dtype=np.float64) - threshold, 0.0)

@@ -18,15 +18,20 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
-from dpsynth_core.errors import DataError
+from dpsynth_core.errors import ConfigError, DataError
 from dpsynth_core.pe.callbacks import Callback
 from dpsynth_core.pe.checkpoint import RunState, VoteStore
 from dpsynth_core.pe.config import PEConfig
-from dpsynth_core.pe.dp import FederatedGaussianMechanism, GaussianMechanism, calibrate_noise_multiplier
+from dpsynth_core.pe.dp import (
+    FederatedGaussianMechanism,
+    GaussianMechanism,
+    NoiselessMechanism,
+    calibrate_noise_multiplier,
+)
 from dpsynth_core.pe.embedding import Embedding
 from dpsynth_core.pe.histogram import Histogram, NearestNeighborHistogram, TopQHistogram, VoteHistograms
 from dpsynth_core.pe.llm import LLM, GenerationParams
-from dpsynth_core.pe.population import Population, resample_per_class, top_per_class
+from dpsynth_core.pe.population import Population, draw_examples, resample_per_class, top_per_class
 from dpsynth_core.pe.prompts import PromptSet
 from dpsynth_core.pe.weights import allocate_budget, update_plm_weights
 from dpsynth_core.privacy.randomness import secure_rng
@@ -74,6 +79,10 @@ class PERunner:
         self.callbacks = list(callbacks)
         self.vote_store = vote_store
         self.histogram: Histogram = TopQHistogram(config.q) if config.method == "wasp" else NearestNeighborHistogram()
+        if config.is_reference:  # epsilon = inf (not_private: true): the votes carry no noise
+            self.noise_multiplier = 0.0
+            self.mechanism = NoiselessMechanism(self.histogram.sensitivity)
+            return
         self.noise_multiplier = calibrate_noise_multiplier(config.epsilon, ledger.delta, config.iterations)
         mech_cls = GaussianMechanism
         if config.federated_parties > 1:
@@ -127,6 +136,25 @@ class PERunner:
         pop, secs = self._generate(prompts, labels, rnd=rnd)
         return pop, secs, [len(ls) for ls in labels]
 
+    def first_vote_candidates_per_class(self) -> int:
+        """Fewest synthetic samples of one class at WASP's first vote (public: from the config)."""
+        return min(allocate_budget(np.ones(len(self.classes)), self._per_round(0)))
+
+    def check_votes_not_degenerate(self) -> None:
+        """Refuse a WASP run whose first vote gives a class fewer than 2Q candidates: every private
+        record's Q nearest and Q farthest samples then overlap (with <= Q, every record votes for every
+        candidate), so the noisy votes barely separate samples or PLMs while the run still spends its
+        whole epsilon. Refused rather than warned: a warning scrolls by and the budget is gone."""
+        if self.cfg.method != "wasp" or self.cfg.allow_degenerate_votes:
+            return
+        fewest = self.first_vote_candidates_per_class()
+        if fewest < 2 * self.cfg.q:
+            raise ConfigError(
+                f"WASP: the first vote has {fewest} synthetic samples per class (num_synthetic / (iterations + 1) "
+                f"over {len(self.classes)} classes) for Q = {self.cfg.q} nearest and Q farthest votes; they overlap "
+                f"below 2Q = {2 * self.cfg.q}, so the vote is degenerate. Raise num_synthetic, lower q, or set "
+                "allow_degenerate_votes: true")
+
     def _noise_rng(self, iteration: int) -> np.random.Generator:
         if self.cfg.noise_seed is None:
             return secure_rng()  # OS entropy: the noise is not reproducible on purpose
@@ -157,7 +185,11 @@ class PERunner:
         """Check then record the T-fold Gaussian mechanism once, before the first vote."""
         from dpsynth_core.privacy import GaussianEvent, PostProcessingEvent
 
+        from dpsynth_core.privacy.reference_runs import mark_reference_run
+
         stage = VOTE_STAGE[self.cfg.method]
+        if mark_reference_run(self.ledger, stage, self.cfg.epsilon):
+            return  # epsilon = inf: no finite epsilon to record; the ledger says "not private"
         if any(e.stage == stage for e in self.ledger.entries()):
             return  # resumed run: already accounted (for all T iterations)
         event = GaussianEvent(noise_multiplier=self.noise_multiplier, compositions=self.cfg.iterations)
@@ -224,6 +256,7 @@ class PERunner:
             self._end_iteration(state)
         if state.iteration >= self.cfg.iterations:
             return self._finish(state)
+        self.check_votes_not_degenerate()
         self._record_privacy()
         private_emb = self.embedding.encode(private.texts)
         bar = tqdm(range(state.iteration + 1, self.cfg.iterations + 1), desc=f"{self.cfg.method} iterations",
@@ -251,20 +284,12 @@ class PERunner:
         vote_secs = time.perf_counter() - t0
         pop.nearest_votes = votes.nearest.tolist()
         pop.farthest_votes = votes.farthest.tolist()
-        w = update_plm_weights(votes.nearest, pop.plm_ids, len(self.llms), np.asarray(state.plm_weights),
-                               self.cfg.weight_momentum, self.cfg.weight_floor)
+        w = self._next_weights(votes.nearest, pop.plm_ids, np.asarray(state.plm_weights))
         good = top_per_class(pop.labels, votes.nearest, self.cfg.select_per_class, self.classes)
         bad = top_per_class(pop.labels, votes.farthest, self.cfg.select_per_class, self.classes)
         labels = self._assign(w, self._per_round(t))
-        rng = np.random.default_rng([self.cfg.seed, t])
-        prompts = []
-        for ls in labels:
-            ps = []
-            for c in ls:  # shuffle example order per prompt: more diverse completions
-                g = [pop.texts[i] for i in rng.permutation(good[c])]
-                b = [pop.texts[i] for i in rng.permutation(bad[c])]
-                ps.append(self.prompts.render_contrastive(c, g, b))
-            prompts.append(ps)
+        rng = np.random.default_rng([self.cfg.seed, t])  # post-processing: picks among released samples
+        prompts = [[self._wasp_prompt(c, pop, good[c], bad[c], rng) for c in ls] for ls in labels]
         new, gen_secs = self._generate(prompts, labels, rnd=t)
         votes_per_plm = np.bincount(pop.plm_ids, weights=np.maximum(votes.nearest, 0), minlength=len(self.llms))
         n_scored = len(pop)
@@ -277,6 +302,22 @@ class PERunner:
             "vote_seconds": round(vote_secs, 3), "generate_seconds": round(gen_secs, 3),
         }
         return RunState(state.method, t, pop, w.tolist(), state.history + [row])
+
+    def _next_weights(self, nearest: np.ndarray, plm_ids: list[int], previous: np.ndarray) -> np.ndarray:
+        if self.cfg.plm_weighting == "uniform":  # ablation: PLM weighting off
+            return np.full(len(self.llms), 1.0 / len(self.llms))
+        return update_plm_weights(nearest, plm_ids, len(self.llms), previous, self.cfg.weight_momentum,
+                                  self.cfg.weight_floor, rule=self.cfg.plm_weighting)
+
+    def _wasp_prompt(self, label: str, pop: Population, good: list[int], bad: list[int],
+                     rng: np.random.Generator) -> str:
+        """As in the paper, each prompt shows a random ``example_fraction`` (50 %) of the S good and of
+        the S bad samples, in random order; without ``contrastive`` the bad ones are left out."""
+        g = [pop.texts[i] for i in draw_examples(good, self.cfg.example_fraction, rng)]
+        if not self.cfg.contrastive:
+            return self.prompts.render_few_shot(label, g)
+        b = [pop.texts[i] for i in draw_examples(bad, self.cfg.example_fraction, rng)]
+        return self.prompts.render_contrastive(label, g, b)
 
     def _augpe_step(self, state: RunState, private: PrivateData, private_emb: np.ndarray, t: int) -> RunState:
         pop = state.population

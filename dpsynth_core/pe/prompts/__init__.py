@@ -1,4 +1,5 @@
-"""Prompt templates as data files: ``prompts/<task>/{zero_shot,variation,contrastive}.txt``."""
+"""Prompt templates as data files: ``prompts/<task>/{zero_shot,variation,contrastive}.txt`` and the
+optional ``few_shot.txt`` (good examples only: WASP's no-contrastive ablation)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dpsynth_core.errors import ConfigError
 
 PROMPTS_DIR = Path(__file__).resolve().parent
 _NAMES = ("zero_shot", "variation", "contrastive")
+_OPTIONAL = ("few_shot",)
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,7 @@ class PromptSet:
     zero_shot: str
     variation: str
     contrastive: str
+    few_shot: str | None = None
     example_format: str = "{index}. {text}"
     max_example_chars: int = 600
 
@@ -32,6 +35,11 @@ class PromptSet:
             self.example_format.format(index=i + 1, text=t[: self.max_example_chars].replace("\n", " "))
             for i, t in enumerate(texts)
         ) or "(none)"
+
+    def render_few_shot(self, label: str, good: list[str]) -> str:
+        if self.few_shot is None:
+            raise ConfigError("prompts: contrastive: false needs a few_shot.txt template (good examples only)")
+        return self.few_shot.format(label=label, good=self._examples(good))
 
     def render_contrastive(self, label: str, good: list[str], bad: list[str]) -> str:
         return self.contrastive.format(label=label, good=self._examples(good), bad=self._examples(bad))
@@ -49,6 +57,9 @@ def load_prompts(task: str | Path) -> PromptSet:
         if not f.is_file():
             raise ConfigError(f"{f}: prompt template missing")
         texts[name] = f.read_text(encoding="utf-8").rstrip("\n") + "\n"
+    for name in _OPTIONAL:
+        if (folder / f"{name}.txt").is_file():
+            texts[name] = (folder / f"{name}.txt").read_text(encoding="utf-8").rstrip("\n") + "\n"
     extra = {}
     meta = folder / "task.yaml"
     if meta.is_file():
