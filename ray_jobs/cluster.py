@@ -48,7 +48,9 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None, num_g
         return False
     # Ray refuses to merge a driver's env var with the same key in the job's runtime_env: the job's wins.
     job_env = _job_env_vars()
-    env = {k: v for k, v in {**OFFLINE_ENV, **(env_vars or {})}.items() if k not in job_env}
+    from dpsynth_core.quiet import quiet_env  # workers on other nodes do not inherit the CLI's quiet env
+
+    env = {k: v for k, v in {**OFFLINE_ENV, **quiet_env(), **(env_vars or {})}.items() if k not in job_env}
     target = cluster_address(address)
     common = dict(include_dashboard=False, log_to_driver=True, configure_logging=True, logging_level="WARNING",
                   runtime_env={"env_vars": env})

@@ -98,6 +98,9 @@ def train_with_trl(policy, tokenizer, *, prompts: list[str], targets: list[dict]
         processing_class=tokenizer, anchor_examples=anchor_examples, gamma=config.gamma_schedule(),
         anchor_batch_size=config.anchor_batch_size, max_seq_len=config.max_seq_len, anchor_seed=config.seed,
     )
+    from dpsynth_core.quiet import quiet_trainer
+
+    quiet_trainer(trainer)  # the history below keeps trl's metrics; no raw dict per step on the console
     trainer.train()
     history = []
     for log in trainer.state.log_history:

@@ -67,6 +67,9 @@ _app.command("release")(release.release)
 
 def app() -> None:
     """Console-script entry: run the CLI, turning user-facing errors into one clean line."""
+    from dpsynth_core.quiet import quiet_process
+
+    quiet_process()  # before any command imports transformers or starts Ray
     try:
         code = _app(standalone_mode=False)  # non-standalone click returns typer.Exit's code instead of exiting
         if isinstance(code, int) and code:

@@ -30,9 +30,19 @@ _FRESH = typer.Option(False, "--fresh", help="Ignore completed stages and start 
 
 
 def _run(pipeline: str, config: Path, fresh: bool) -> None:
+    from dpsynth_core.run_summary import now
+
+    started = now()
     driver = importlib.import_module(f"ray_jobs.{pipeline}")
-    run_dir = driver.main(config, resume=not fresh)
-    typer.echo(f"run directory: {run_dir}")
+    _summarize(driver.main(config, resume=not fresh), started)
+
+
+def _summarize(run_dir: Path, started: float) -> None:
+    """End with where the outputs are, epsilon spent of the budget, stages run/skipped."""
+    from dpsynth_core.run_summary import summary_lines
+
+    for line in summary_lines(run_dir, started):
+        typer.echo(line)
 
 
 @app.command()
@@ -62,6 +72,8 @@ def dpfair(config: Path = _CONFIG, fresh: bool = _FRESH) -> None:
 @app.command()
 def aim(config: Path = _CONFIG, fresh: bool = _FRESH) -> None:
     """AIM baseline (smartnoise-synth) on a table: its own run, release and ledger."""
+    from dpsynth_core.run_summary import now
     from dpsynth_core.tabular.aim_run import main
 
-    typer.echo(f"run directory: {main(config, resume=not fresh)}")
+    started = now()
+    _summarize(main(config, resume=not fresh), started)

@@ -1,0 +1,85 @@
+"""Quiet output: silence what a user cannot act on, in the CLI process and in Ray workers.
+
+Called once by the CLI entry (:func:`quiet_process`); Ray drivers pass :func:`quiet_env` in their
+runtime_env so workers on other nodes are quiet too (a local Ray's workers inherit the CLI's
+environment). What goes:
+
+* model-loading progress bars (transformers' "Loading weights" / "Loading checkpoint shards": they
+  use huggingface_hub's switch, read from the environment at import);
+* FutureWarning / DeprecationWarning raised inside libraries (``PYTHONWARNINGS`` reaches workers);
+* Ray's usage-stats notice, and its notice that token authentication is on (the secure default: the
+  notice is dropped, the setting is not touched);
+* trl / transformers Trainer's raw metric dicts (:func:`quiet_trainer`).
+
+Every variable is a default: a user who sets it keeps their value. ``DPSYNTH_VERBOSE=1`` turns
+all of this off (for debugging).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+VERBOSE_ENV = "DPSYNTH_VERBOSE"
+
+_QUIET_ENV = {
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "DATASETS_VERBOSITY": "error",
+    "RAY_USAGE_STATS_ENABLED": "0",  # no usage-stats prompt (and no telemetry from private runs)
+    "PYTHONWARNINGS": "ignore::DeprecationWarning,ignore::FutureWarning",
+}
+
+# Ray logs this on every local start; token auth stays on, only the notice goes.
+_RAY_TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
+_RAY_TOKEN_NOTICE = "Token authentication is enabled for this Ray cluster"
+
+
+def verbose() -> bool:
+    return os.environ.get(VERBOSE_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def quiet_env() -> dict[str, str]:
+    """Environment variables for Ray workers (runtime_env env_vars); empty when verbose."""
+    if verbose():
+        return {}
+    return {k: os.environ.get(k, v) for k, v in _QUIET_ENV.items()}
+
+
+class _DropText(logging.Filter):
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+def quiet_process() -> None:
+    """Quiet this process and the processes it starts (call before importing transformers or Ray)."""
+    if verbose():
+        return
+    for key, value in _QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    token_logger = logging.getLogger(_RAY_TOKEN_LOGGER)
+    if not any(isinstance(f, _DropText) for f in token_logger.filters):
+        token_logger.addFilter(_DropText(_RAY_TOKEN_NOTICE))
+
+
+def quiet_trainer(trainer) -> None:
+    """Drop a transformers/trl Trainer's printing of raw log dicts (its history is kept in ``state``)."""
+    if verbose():
+        return
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    class _BarOnly(ProgressCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):  # the bar, not the dict
+            return None
+
+    trainer.remove_callback(PrinterCallback)
+    if trainer.pop_callback(ProgressCallback) is not None:
+        trainer.add_callback(_BarOnly())
