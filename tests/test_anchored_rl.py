@@ -104,7 +104,7 @@ def _step_delta(artifacts: RLArtifacts, gamma: float, reward_fn, seed: int = 3) 
     anchors = [TrainExample(prompt=prompts[0], target=" Plants in ecology."),
                TrainExample(prompt=prompts[1], target=" Human genomes.")]
     opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.0)
-    cfg = AnchoredRLConfig(group_size=3, max_new_tokens=8, max_seq_len=128)
+    cfg = AnchoredRLConfig(group_size=3, max_new_tokens=8, max_seq_len=128, beta=0.0)
     stats = anchored_rl_step(policy, tok, opt, prompts=prompts, targets=targets, anchor_examples=anchors,
                              gamma=gamma, reward_fn=reward_fn, config=cfg, seed=seed)
     assert math.isfinite(stats["loss"]) and stats["gamma"] == gamma
@@ -187,3 +187,35 @@ def test_trl_engine_adds_the_anchor_term_to_rloo(artifacts, tmp_path):
     h = anchored.history[0]
     assert h["gamma"] == pytest.approx(2.0) and h["sft_loss"] > 0 and h["reward"] == pytest.approx(0.5)
     assert not (tmp_path / "g2" / ".trl").exists()  # trl's scratch directory is cleaned up
+    # KL (default beta 0.2) is to the DP generator: trl's frozen "ref" copy of the DP adapter, so it is
+    # exactly 0 at the first step; the reference copy is not saved with the policy's adapter
+    assert no_anchor.history[0]["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert not (no_anchor.adapter_dir / "ref").exists()
+
+
+def test_kl_term_is_to_the_dp_generator_and_enters_the_reward(artifacts):
+    """beta > 0: the reward is penalised by KL(policy || DP generator). At the start the policy IS
+    the DP generator (KL exactly 0); once its weights move, the KL is non-zero and changes the update."""
+    from dpsynth_core.actg.anchored_rl import kl_to_reference, sample_completions
+
+    torch.manual_seed(0)
+    policy, tok = load_trainable_policy(artifacts.base_model, artifacts.adapter_dir, with_reference=True)
+    assert not any(p.requires_grad for n, p in policy.named_parameters() if ".ref." in n)  # the reference is frozen
+    cfg = AnchoredRLConfig(group_size=2, max_new_tokens=8, max_seq_len=128, beta=0.2)
+    seqs, width, mask, attn, _ = sample_completions(policy, tok, ["Write an abstract."] * 2, cfg, seed=1)
+    assert kl_to_reference(policy, seqs, attn, width, mask).abs().max().item() == 0.0
+    with torch.no_grad():  # move the trainable copy only
+        for n, p in policy.named_parameters():
+            if "lora_B" in n and ".default." in n:
+                p.add_(0.5)
+    kl = kl_to_reference(policy, seqs, attn, width, mask)
+    assert kl.abs().max().item() > 1e-3
+    # flat task reward: without KL no advantage; with KL the (unequal) penalties give one
+    flat = [0.5, 0.5]
+    assert rloo_advantages(torch.tensor(flat), 2).abs().max().item() == 0.0
+    assert rloo_advantages(torch.tensor(flat) - 0.2 * kl, 2).abs().max().item() > 0.0
+    # beta > 0 without the reference adapter is refused (never silently KL to the base model)
+    bare, _ = load_trainable_policy(artifacts.base_model, artifacts.adapter_dir)
+    with pytest.raises(DataError, match="reference adapter"):
+        kl_to_reference(bare, seqs, attn, width, mask)
+

@@ -5,6 +5,12 @@ Algorithm: **RLOO** (REINFORCE Leave-One-Out, Ahmadian et al. 2024). Two engines
 (:mod:`dpsynth_core.actg.anchored_rl_trl`); ``engine: torch`` runs the same update below in plain
 torch (kept for its explicit accelerate/ZeRO-3 path and as a cross-check of the trl engine).
 
+* KL: ``beta`` (default 0.2, the reference's PPO coefficient) times the per-sequence KL of the
+  policy to the DP generator is subtracted from the reward, beside gamma(t) * L_SFT; the reference
+  is a frozen copy of the DP adapter (trl's "ref" adapter; the torch engine loads the same copy).
+  ``gamma0 = gamma1 = 0`` with ``beta > 0`` is the paper's "standard RL, no anchor" ablation.
+* PPO: the installed trl (1.16) no longer ships a PPO trainer (neither in ``trl`` nor in
+  ``trl.experimental``), so the paper's PPO is replaced by RLOO with the same KL-in-reward form.
 * Why RLOO (not PPO): PPO needs a value model (a second network, its own loss and memory) and
   several epochs per batch; on a 2-core CPU that doubles the cost for no gain on such short
   horizons. RLOO and GRPO both use the other samples of the same prompt as the baseline. Among
@@ -52,11 +58,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dpsynth_core.config import StrictConfig
+from dpsynth_core.config import BATCH_CAP, NEW_TOKENS_CAP, SEQ_LEN_CAP, STEPS_CAP, StrictConfig, cap
 from dpsynth_core.errors import DataError
 
 RewardFn = Callable[[list[str], list[dict]], list[float]]
@@ -89,20 +95,22 @@ class GammaSchedule:
 class AnchoredRLConfig(StrictConfig):
     """Anchored RL (RLOO) settings. Defaults are the reference gamma0=2.0 -> gamma1=0.2, linear."""
 
-    steps: int = Field(4, ge=1)
-    prompts_per_step: int = Field(4, ge=1)
-    group_size: int = Field(2, ge=2)  # completions per prompt; >= 2 for a leave-one-out baseline
-    anchor_batch_size: int = Field(4, ge=1)
+    steps: Annotated[int, STEPS_CAP] = Field(4, ge=1)
+    prompts_per_step: Annotated[int, BATCH_CAP] = Field(4, ge=1)
+    group_size: Annotated[int, cap(64, 'completions generated per prompt and step')] = Field(2, ge=2)  # completions per prompt; >= 2 for a leave-one-out baseline
+    anchor_batch_size: Annotated[int, BATCH_CAP] = Field(4, ge=1)
     learning_rate: float = Field(1e-4, gt=0)
     max_grad_norm: float = Field(1.0, gt=0)
+    # KL to the DP generator, as a per-sequence reward penalty (the reference's PPO: KL 0.2); 0 = none
+    beta: float = Field(0.2, ge=0)
     gamma0: float = Field(2.0, ge=0)
     gamma1: float = Field(0.2, ge=0)
     schedule: Literal["linear", "cosine", "step"] = "linear"
     step_at: float = Field(0.5, gt=0, lt=1)
-    max_new_tokens: int = Field(96, ge=1)
+    max_new_tokens: Annotated[int, NEW_TOKENS_CAP] = Field(96, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    max_seq_len: int = Field(384, ge=16)
+    max_seq_len: Annotated[int, SEQ_LEN_CAP] = Field(384, ge=16)
     seed: int = 0
     # "trl": trl.RLOOTrainer + the anchor term (anchored_rl_trl.py); "torch": the same update in
     # plain torch below (no Trainer machinery; its accelerate path is the ZeRO-3 route).
@@ -213,6 +221,25 @@ def completion_logprob_mean(policy, seqs, attn, width: int, mask):
     return (logp * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
 
 
+def kl_to_reference(policy, seqs, attn, width: int, mask, reference: str = "ref"):
+    """Per sequence: sum over completion tokens of log pi(y_t) - log pi_ref(y_t), the first-order KL
+    estimate that RLOO subtracts from the reward; ``reference`` is the frozen copy of the DP adapter."""
+    import torch
+
+    if reference not in getattr(policy, "peft_config", {}):
+        raise DataError(f"anchored RL: beta > 0 needs the frozen reference adapter '{reference}' "
+                        "(load_trainable_policy(..., with_reference=True))")
+    tokens = mask.float().sum(dim=1)
+    with torch.no_grad():
+        logp = completion_logprob_mean(policy, seqs, attn, width, mask)
+        policy.set_adapter(reference)
+        try:
+            ref = completion_logprob_mean(policy, seqs, attn, width, mask)
+        finally:
+            policy.set_adapter("default")
+    return (logp - ref) * tokens
+
+
 def sft_loss(policy, tokenizer, anchor_examples: Sequence, max_seq_len: int):
     """Mean target-token cross entropy of the policy on a batch of anchor TrainExamples."""
     from dpsynth_core.dpsgd.data import collate, per_example_loss, tokenize_examples
@@ -237,7 +264,8 @@ def anchored_rl_step(policy, tokenizer, optimizer, *, prompts: Sequence[str], ta
     synced = accelerator is not None and accelerator.num_processes > 1
     seqs, width, mask, attn, texts = sample_completions(sampler, tokenizer, flat_prompts, config, seed, synced)
     rewards = torch.tensor(reward_fn(texts, flat_targets), dtype=torch.float32)
-    adv = rloo_advantages(rewards, g).to(policy.device)
+    kl = kl_to_reference(policy, seqs, attn, width, mask) if config.beta > 0 else torch.zeros_like(rewards)
+    adv = rloo_advantages(rewards - config.beta * kl.cpu(), g).to(policy.device)
     policy.train()
     logp = completion_logprob_mean(policy, seqs, attn, width, mask)
     rl_loss = -(adv * logp).mean()
@@ -254,7 +282,7 @@ def anchored_rl_step(policy, tokenizer, optimizer, *, prompts: Sequence[str], ta
     else:
         grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
     optimizer.step()
-    return {"gamma": gamma, "reward": float(rewards.mean()), "reward_std": float(rewards.std(unbiased=False)),
+    return {"gamma": gamma, "reward": float(rewards.mean()), "kl": float(kl.mean()), "reward_std": float(rewards.std(unbiased=False)),
             "rl_loss": float(rl_loss.detach()), "sft_loss": float(anchor.detach()),
             "loss": float(loss.detach()), "grad_norm": float(grad_norm),
             "completion_tokens": float(mask.float().sum(dim=1).mean())}
@@ -263,14 +291,19 @@ def anchored_rl_step(policy, tokenizer, optimizer, *, prompts: Sequence[str], ta
 # ---------------------------------------------------------------------------------------------
 # the stage
 # ---------------------------------------------------------------------------------------------
-def load_trainable_policy(base_model: str, adapter_dir: Path):
-    """The DP generator (base + LoRA adapter) with its LoRA weights trainable."""
+def load_trainable_policy(base_model: str, adapter_dir: Path, with_reference: bool = False):
+    """The DP generator (base + LoRA adapter) with its LoRA weights trainable; ``with_reference``
+    adds a frozen copy of the DP adapter named "ref" (the KL reference of the torch engine; trl
+    makes the same copy itself)."""
     from peft import PeftModel
 
     from dpsynth_core.models import load_causal_lm
 
     base, tokenizer = load_causal_lm(base_model)
     policy = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
+    if with_reference:
+        policy.load_adapter(str(adapter_dir), adapter_name="ref", is_trainable=False)
+        policy.set_adapter("default")
     return policy, tokenizer
 
 
@@ -325,7 +358,8 @@ def run_anchored_rl(artifacts: RLArtifacts, config: AnchoredRLConfig, output_dir
     if not anchor_examples:
         raise DataError(f"{artifacts.anchors_path}: every anchor text is empty")
     torch.manual_seed(config.seed)
-    policy, tokenizer = load_trainable_policy(artifacts.base_model, artifacts.adapter_dir)
+    policy, tokenizer = load_trainable_policy(artifacts.base_model, artifacts.adapter_dir,
+                                              with_reference=config.engine == "torch" and config.beta > 0)
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     accelerator = None
@@ -364,7 +398,7 @@ def run_anchored_rl(artifacts: RLArtifacts, config: AnchoredRLConfig, output_dir
         policy = accelerator.unwrap_model(policy)
     final, tmp = output_dir / "adapter", output_dir / ".adapter.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    policy.save_pretrained(str(tmp))
+    policy.save_pretrained(str(tmp), selected_adapters=["default"])  # not the frozen KL reference
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     hist_tmp = output_dir / ".rl_history.json.tmp"

@@ -10,8 +10,10 @@ global step.
 
 Why RLOO (and not GRPO or PPO): see :mod:`dpsynth_core.actg.anchored_rl`. In short, PPO needs a
 value model, and GRPO divides by the group's reward std, which is 0 or tiny for the 2-4 samples
-per prompt we can afford on CPU; RLOO's leave-one-out baseline needs neither. ``beta = 0``: no
-reference model and no KL term, the anchor term is what keeps the policy close to fluent text.
+per prompt we can afford on CPU; RLOO's leave-one-out baseline needs neither. ``beta`` (default
+0.2) is trl's KL-in-reward coefficient; the policy is a PEFT model with the DP adapter loaded, so
+trl copies that adapter as the frozen "ref" adapter and the KL is to the DP generator (not to the
+pretrained base).
 
 Privacy: same contract as the plain-torch engine -- inputs are an :class:`RLArtifacts` of DP
 outputs and public files only (post-processing, zero cost).
@@ -88,7 +90,7 @@ def train_with_trl(policy, tokenizer, *, prompts: list[str], targets: list[dict]
         num_generations=config.group_size, gradient_accumulation_steps=1, steps_per_generation=1,
         max_completion_length=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
         learning_rate=config.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
-        max_grad_norm=config.max_grad_norm, beta=0.0, normalize_advantages=False,
+        max_grad_norm=config.max_grad_norm, beta=config.beta, normalize_advantages=False,
         use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available(),
         report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=not progress,
         remove_unused_columns=False, dataloader_num_workers=0,
@@ -110,7 +112,7 @@ def train_with_trl(policy, tokenizer, *, prompts: list[str], targets: list[dict]
                         "reward": float(log.get("reward", float("nan"))),
                         "reward_std": float(log.get("reward_std", float("nan"))),
                         "rl_loss": float(log["anchor/rl_loss"]), "sft_loss": float(log["anchor/sft_loss"]),
-                        "loss": float(log.get("loss", float("nan"))),
+                        "loss": float(log.get("loss", float("nan"))), "kl": float(log.get("kl", float("nan"))),
                         "grad_norm": float(log.get("grad_norm", float("nan"))),
                         "completion_tokens": float(log.get("completions/mean_length", float("nan"))),
                         "seconds": float(log.get("step_time", float("nan")))})
