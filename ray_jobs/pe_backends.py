@@ -160,7 +160,8 @@ def make_llms(plms: Sequence[PLMConfig], max_new_tokens: int = 512) -> list[LLM]
         elif p.backend == "openai":
             if not p.base_url:
                 raise ConfigError(f"plms[{k}].base_url is required for backend 'openai'")
-            out.append(OpenAICompatibleLLM(p.base_url, p.model, api_key_env=p.api_key_env, name=p.display_name))
+            out.append(OpenAICompatibleLLM(p.base_url, p.model, api_key_env=p.api_key_env, name=p.display_name,
+                                           max_concurrency=p.max_concurrent_requests, max_retries=p.max_retries))
         else:  # pragma: no cover - pydantic restricts the values
             raise ConfigError(f"plms[{k}].backend: unknown backend '{p.backend}'")
     for llm in out:

@@ -29,6 +29,8 @@ class PLMConfig(StrictConfig):
     resources: StageResources | None = None  # Ray actor / replica request; default: num_threads CPUs, no GPU
     base_url: str | None = None  # openai backend
     api_key_env: str = "OPENAI_API_KEY"
+    max_concurrent_requests: int = Field(8, ge=1, le=256)  # openai backend: requests in flight at once
+    max_retries: int = Field(3, ge=0, le=20)  # openai backend: per request, on 429 / 5xx / connection errors
 
     @property
     def display_name(self) -> str:
@@ -50,6 +52,9 @@ class PEDataConfig(StrictConfig):
     num_test: int = Field(250, ge=0)  # real held-out (owner-side evaluation), disjoint from the private pool
     max_chars: int = Field(1500, ge=50)
     seed: int = 0  # the held-out split only (public, content-keyed); the private set is drawn secretly
+    # Federated: each party's records in its own file (same columns); the held-out set and the private draw
+    # come from their union and every record keeps its party. Sets federated_parties to len(party_paths).
+    party_paths: list[Path] | None = None
 
     @model_validator(mode="after")
     def _check_classes(self) -> PEDataConfig:
@@ -93,6 +98,9 @@ class PEConfig(StrictConfig):
     weight_floor: float = Field(0.0, ge=0, lt=1)  # extension (not in the paper): off by default
     max_new_tokens: int = Field(96, ge=1)
     federated_parties: int = Field(1, ge=1)  # L > 1: each party adds N(0, (sigma/sqrt(L))^2)
+    # One file split across the parties: non-IID Dirichlet(alpha) per class (the paper), or round_robin (i.i.d.)
+    federated_split: Literal["dirichlet", "round_robin"] = "dirichlet"
+    dirichlet_alpha: float = Field(1.0, gt=0)
     seed: int = 0  # generation seeds (post-processing); never DP noise or the private selection
     # Test-only: None draws the DP noise from OS entropy. An int is refused unless DPSYNTH_TEST_MODE=1,
     # and the run's ledger is then marked "not private" (the seed is public in config.yaml).
@@ -107,8 +115,14 @@ class PEConfig(StrictConfig):
         from dpsynth_core.privacy.randomness import refuse_pinned_dp_seed
         from dpsynth_core.privacy.reference_runs import check_reference_config
 
-        if self.data.source == "file" and self.data.path is None:
-            raise ValueError("data.path is required when data.source is 'file'")
+        if self.data.source == "file" and self.data.path is None and not self.data.party_paths:
+            raise ValueError("data.path (or data.party_paths) is required when data.source is 'file'")
+        if self.data.party_paths:
+            if self.data.source != "file" or len(self.data.party_paths) < 2:
+                raise ValueError("data.party_paths: list at least 2 files, with data.source: file")
+            if self.federated_parties not in (1, len(self.data.party_paths)):
+                raise ValueError("federated_parties must equal the number of data.party_paths")
+            self.federated_parties = len(self.data.party_paths)
         refuse_pinned_dp_seed("noise_seed", self.noise_seed)
         try:
             check_reference_config(self.epsilon, self.not_private, "epsilon")

@@ -24,6 +24,9 @@ from dpsynth_core.pe.runner import PrivateData
 from dpsynth_core.privacy.randomness import bernoulli_subsample, content_rank_keys
 
 
+PARTY_COL = "__party__"
+
+
 def _load_frame(cfg: PEConfig):
     d = cfg.data
     if d.source == "biorxiv":
@@ -32,6 +35,12 @@ def _load_frame(cfg: PEConfig):
         return load_biorxiv(), "bioRxiv"
     from dpsynth_core.data import load_records
 
+    if d.party_paths:  # federated: one file per party, each row keeps its party index
+        import pandas as pd
+
+        frames = [load_records(p, text_col=d.text_col, label_col=d.label_col).assign(**{PARTY_COL: j})
+                  for j, p in enumerate(d.party_paths)]
+        return pd.concat(frames, ignore_index=True), "data.party_paths"
     return load_records(d.path, text_col=d.text_col, label_col=d.label_col), str(d.path)
 
 
@@ -65,5 +74,6 @@ def split_data(cfg: PEConfig) -> tuple[PrivateData, list[str], list[str], list[s
     chosen = pool[bernoulli_subsample(len(pool), d.num_private)]
 
     texts = [t[: d.max_chars] for t in raw_texts]
-    private = PrivateData([texts[i] for i in chosen], [str(labels[i]) for i in chosen])
+    parties = frame[PARTY_COL].to_numpy()[chosen].tolist() if PARTY_COL in frame.columns else None
+    private = PrivateData([texts[i] for i in chosen], [str(labels[i]) for i in chosen], parties)
     return private, [texts[i] for i in test_idx], [str(labels[i]) for i in test_idx], classes

@@ -111,23 +111,30 @@ class OpenAICompatibleLLM(LLM):
     The key is read from the environment variable ``api_key_env`` only, never from a config file.
     """
 
-    def __init__(self, base_url: str, model: str, *, api_key_env: str = "OPENAI_API_KEY", name: str | None = None) -> None:
+    def __init__(self, base_url: str, model: str, *, api_key_env: str = "OPENAI_API_KEY", name: str | None = None,
+                 max_concurrency: int = 8, max_retries: int = 3, timeout_s: float = 120.0) -> None:
         from openai import OpenAI
 
         key = os.environ.get(api_key_env)
         if key is None:
             raise ConfigError(f"OpenAI-compatible backend '{model}': environment variable {api_key_env} is not set")
-        self.client = OpenAI(base_url=base_url, api_key=key)
+        # Retries are ours (bounded, per request, see concurrent_requests), not the client's.
+        self.client = OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=timeout_s)
         self.model = model
         self.name = name or model
+        self.max_concurrency, self.max_retries = max_concurrency, max_retries
+
+    def _one(self, i: int, prompt: str, params: GenerationParams) -> str:
+        resp = self.client.chat.completions.create(
+            model=self.model, messages=[{"role": "user", "content": prompt}],
+            max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
+            seed=params.seed + i,
+        )
+        return clean_completion(resp.choices[0].message.content or "")
 
     def generate(self, prompts: list[str], params: GenerationParams) -> list[str]:
-        out = []
-        for i, p in enumerate(prompts):
-            resp = self.client.chat.completions.create(
-                model=self.model, messages=[{"role": "user", "content": p}],
-                max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
-                seed=params.seed + i,
-            )
-            out.append(clean_completion(resp.choices[0].message.content or ""))
-        return out
+        """Up to ``max_concurrency`` requests in flight; transient errors retried ``max_retries`` times."""
+        from dpsynth_core.pe.concurrent_requests import map_bounded
+
+        return map_bounded(lambda i, p: self._one(i, p, params), prompts, max_concurrency=self.max_concurrency,
+                           max_retries=self.max_retries)

@@ -29,6 +29,7 @@ from dpsynth_core.pe.dp import (
     calibrate_noise_multiplier,
 )
 from dpsynth_core.pe.embedding import Embedding
+from dpsynth_core.pe.federated import assign_parties
 from dpsynth_core.pe.histogram import Histogram, NearestNeighborHistogram, TopQHistogram, VoteHistograms
 from dpsynth_core.pe.llm import LLM, GenerationParams
 from dpsynth_core.pe.population import Population, draw_examples, resample_per_class, top_per_class
@@ -47,6 +48,7 @@ class PrivateData:
 
     texts: list[str]
     labels: list[str]
+    parties: list[int] | None = None  # federated: each record's party (party files); None: split by config
 
     def __repr__(self) -> str:  # never print records by accident
         return f"PrivateData(<{len(self.texts)} private records>)"
@@ -173,6 +175,9 @@ class PERunner:
         delta, t = self.ledger.delta, self.cfg.iterations
         return {
             "parties": self.mechanism.parties, "secure_aggregation": False,
+            "split": "party files" if self.cfg.data.party_paths else self.cfg.federated_split,
+            **({"dirichlet_alpha": self.cfg.dirichlet_alpha}
+               if not self.cfg.data.party_paths and self.cfg.federated_split == "dirichlet" else {}),
             "party_sigma": self.mechanism.party_sigma, "party_noise_multiplier": party_nm,
             "epsilon_released_sum": gaussian_epsilon(self.noise_multiplier, t, delta),
             "epsilon_per_party_message": gaussian_epsilon(party_nm, t, delta),
@@ -223,7 +228,7 @@ class PERunner:
         synth_emb = self.embedding.encode(pop.texts)
         rng = self._noise_rng(iteration)
         if isinstance(self.mechanism, FederatedGaussianMechanism):
-            parties = np.arange(len(private.labels)) % self.mechanism.parties
+            parties = self._parties(private)
             partials = []
             for j in range(self.mechanism.parties):
                 idx = np.flatnonzero(parties == j)
@@ -234,6 +239,15 @@ class PERunner:
             raw = self.histogram.compute(private_emb, private.labels, synth_emb, pop.labels)
             noisy = self.mechanism.privatize(raw.joint(), rng)
         return noisy
+
+    def _parties(self, private: PrivateData) -> np.ndarray:
+        """Each private record's party: from its file, else the configured split (drawn once per run)."""
+        if private.parties is not None:
+            return np.asarray(private.parties, dtype=np.int64)
+        if getattr(self, "_party_of", None) is None or len(self._party_of) != len(private.labels):
+            self._party_of = assign_parties(private.labels, self.mechanism.parties, self.cfg.federated_split,
+                                            self.cfg.dirichlet_alpha, secure_rng())
+        return self._party_of
 
     def _end_iteration(self, state: RunState) -> None:
         for cb in self.callbacks:
