@@ -65,13 +65,22 @@ def _usage_error_types() -> tuple[type[BaseException], ...]:
 _app.command("release")(release.release)
 
 
+def cli_command():
+    """The click command tree of ``dpsynth``, with an example at the end of every command's --help."""
+    from dpsynth_core.cli.examples import add_examples
+
+    command = typer.main.get_command(_app)
+    add_examples(command)
+    return command
+
+
 def app() -> None:
     """Console-script entry: run the CLI, turning user-facing errors into one clean line."""
     from dpsynth_core.quiet import quiet_process
 
     quiet_process()  # before any command imports transformers or starts Ray
     try:
-        code = _app(standalone_mode=False)  # non-standalone click returns typer.Exit's code instead of exiting
+        code = cli_command()(standalone_mode=False)  # non-standalone click returns typer.Exit's code, no exit
         if isinstance(code, int) and code:
             sys.exit(code)
     except DpsynthError as exc:
