@@ -47,6 +47,10 @@ def tabular(
             f"{schema}: columns {unresolved} have 'domain: dp' (bounds not public); evaluate with the run's "
             "DP-estimated schema instead: --run RUN_DIR or --schema RUN_DIR/schema_resolved.json"
         )
-    report = evaluate_table(synth, load_records(real_train), load_records(real_test), s, out_dir=out)
+    def checked(frame, path: Path):  # the whole file; an error names it and the 1-based data row
+        return s.validate_frame(frame, str(path))
+
+    report = evaluate_table(checked(synth, synthetic), checked(load_records(real_train), real_train),
+                            checked(load_records(real_test), real_test), s, out_dir=out)
     typer.echo(json.dumps({k: report[k] for k in ("n_synthetic", "tstr") if k in report}, indent=2))
     typer.echo(f"report: {out / 'report.json'}")
