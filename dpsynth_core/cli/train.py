@@ -17,8 +17,14 @@ from dpsynth_core.config import StrictConfig
 from dpsynth_core.dpsgd.config import DpSgdConfig
 from dpsynth_core.dpsgd.sources import TableExampleSource
 from dpsynth_core.errors import ConfigError
+from dpsynth_core.run_lock import RunLock
+from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir, refuse_changed_config
 
 app = typer.Typer(help="DP-SGD LoRA fine-tuning on Ray Train.", no_args_is_help=True)
+
+
+# how a run executes, not what it outputs: changing them does not make it another run
+EXECUTION_ONLY = ("train.stop_after_steps", "train.torch_threads", "train.checkpoint_every")
 
 
 class TrainDataSpec(TableExampleSource):
@@ -64,6 +70,15 @@ def build_examples(spec: TrainDataSpec, config_path: Path):
     return data_source(spec, config_path).load()
 
 
+def already_finished(root: Path, snapshot: dict, stage: str) -> bool:
+    """The rerun rule (runs.py): another config in ``root`` is refused, naming the changed keys; a
+    finished run says so (True) and is not trained again."""
+    if refuse_changed_config(root, snapshot, EXECUTION_ONLY) and StageMarkers(root).done(stage):
+        announce_finished(root)
+        return True
+    return False
+
+
 def open_ledger(job: TrainJobConfig, n_units: int):
     from dpsynth_core.privacy import PrivacyLedger, check_delta_for_size, default_delta
 
@@ -83,17 +98,20 @@ def train(
     config: Path = typer.Option(..., "--config", "-c", help="YAML with data:, train: (DpSgdConfig), output_dir:, ledger:."),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from output_dir/checkpoint if present."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
+    fresh: bool = typer.Option(False, "--fresh", help="Move an old run in output_dir aside (NAME.prev-STAMP) and "
+                                                     "start again; without it a finished run is not retrained."),
 ) -> None:
-    """Fine-tune a LoRA adapter with DP-SGD; writes adapter/, training_curve.png and a ledger entry."""
-    from rich.console import Console
+    """Fine-tune a LoRA adapter with DP-SGD; writes adapter/, training_curve.png and a ledger entry.
 
+    A finished run is not trained again (it says so); another config in output_dir is refused
+    (--fresh moves the old run aside); one process per output_dir (a lock)."""
     from dpsynth_core.config import load_config
-    from dpsynth_core.dpsgd import train_dp_lora
-    from dpsynth_core.dpsgd.budget import plan_privacy
     from dpsynth_core.dpsgd.sampling import PrivacyUnits
     from dpsynth_core.privacy.randomness import refuse_pinned_dp_seed
 
     job = load_config(config, TrainJobConfig)
+    if not fresh and already_finished(Path(job.output_dir), job.model_dump(mode="json"), job.stage):
+        return  # the rerun rule comes first: a finished run reads no data
     try:  # a pinned seed makes the noise reproducible from this file: tests only (DPSYNTH_TEST_MODE=1)
         refuse_pinned_dp_seed("train.sampling_seed", job.train.sampling_seed)
     except ValueError as exc:
@@ -103,6 +121,23 @@ def train(
     if not examples:
         raise ConfigError(f"{config}: field 'data': no training records in {job.data.path}")
     n_units = len(PrivacyUnits.from_user_ids([e.user_id for e in examples]))
+    root, snapshot = Path(job.output_dir), job.model_dump(mode="json")
+    with RunLock(root):  # one process per run, from here to the end (RunLockedError names the holder)
+        open_run_dir(root, snapshot, resume=not fresh, ignore=EXECUTION_ONLY)
+        if StageMarkers(root).done(job.stage):  # finished by another process while this one read its data
+            announce_finished(root)
+            return
+        run_training(job, config, source, examples, n_units, resume=resume, progress=progress)
+
+
+def run_training(job: TrainJobConfig, config: Path, source: TableExampleSource, examples: list, n_units: int, *,
+                 resume: bool, progress: bool) -> None:
+    """Plan and check the budget, train, record, release; the stage marker last (the rerun rule)."""
+    from rich.console import Console
+
+    from dpsynth_core.dpsgd import train_dp_lora
+    from dpsynth_core.dpsgd.budget import plan_privacy
+
     try:
         ledger = open_ledger(job, n_units)
         plan_privacy(job.train, examples, ledger=ledger, stage=job.stage)  # every check, before training
@@ -131,3 +166,4 @@ def train(
     if result.merged_dir:
         console.print(f"merged:  {result.merged_dir}")
     console.print(ledger.render())
+    StageMarkers(Path(job.output_dir)).mark(job.stage, {"steps": result.steps, "epsilon": result.epsilon})

@@ -2,11 +2,13 @@
 num_workers > 1).
 
 Order of operations, which is the privacy contract of a stage:
- 1. validate the config and plan the noise (``budget.plan_privacy``), ``ledger.check``; a config
-    with test-only knobs marks the ledger "not private";
+ 1. validate the config and plan the noise (``budget.plan_privacy``), ``ledger.check``, then
+    ``ledger.hold`` the planned event (a concurrent run on the same ledger is refused here, not
+    after training; given back on failure); a config with test-only knobs marks the ledger
+    "not private";
  2. train (resuming from ``output_dir/checkpoint`` only when it ran under this very config AND
     privacy plan; otherwise the checkpoint is deleted and the resume refused);
- 3. ``ledger.record`` ONE DpSgdEvent for the steps actually run, then write the outputs
+ 3. ``ledger.record`` ONE DpSgdEvent for the steps actually run (it replaces the reservation), then write the outputs
     (adapter, training-curve PNG, summary) by atomic rename, and delete the checkpoint.
 
 The library does not import Ray: with ``config.num_workers > 1`` the caller passes a
@@ -75,9 +77,12 @@ def mark_test_only_knobs(config: DpSgdConfig, ledger, stage: str) -> None:
 
 def prepare_stage(source: ExampleSource, config: DpSgdConfig, *, ledger, stage: str
                   ) -> tuple[list[TrainExample], PrivacyPlan, str]:
-    """(examples, plan, checkpoint identity): load, plan and check the budget, mark knobs."""
+    """(examples, plan, checkpoint identity): load, plan and check the budget, reserve it in the
+    ledger (given back by ``train_dp_lora`` unless recorded), mark knobs."""
     examples = source.load()
     plan = plan_privacy(config, examples, ledger=ledger, stage=stage)
+    if ledger is not None:  # of two runs racing for one budget, the loser stops here, before training
+        ledger.hold(stage, plan.event())
     mark_test_only_knobs(config, ledger, stage)
     return examples, plan, config_fingerprint(config, plan)
 
@@ -232,8 +237,16 @@ def train_dp_lora(
     the work goes to ``runner`` (the driver passes ``ray_jobs.dp_finetune.run_dp_finetune``).
     Resumes from ``output_dir/checkpoint`` when present and made under the same privacy plan.
     """
-    source = as_source(examples)
-    output_dir = Path(output_dir)
+    try:
+        return _train(as_source(examples), config, output_dir=Path(output_dir), ledger=ledger, stage=stage,
+                      per_example_penalty=per_example_penalty, progress=progress, resume=resume, runner=runner)
+    finally:
+        if ledger is not None:
+            ledger.release(stage)  # prepare_stage's reservation, unless finalize_run recorded it
+
+
+def _train(source: ExampleSource, config: DpSgdConfig, *, output_dir: Path, ledger, stage: str, per_example_penalty,
+           progress: bool, resume: bool, runner: DistributedRunner | None) -> TrainResult:
     if config.num_workers > 1:
         if runner is None:
             raise ConfigError(

@@ -18,6 +18,9 @@ one ledger) reserves its event first, so the loser is refused before it reads pr
         ...run the mechanism...
         ledger.record(stage, event)     # converts the reservation into the event
 
+(``hold``/``release`` are the same without a block, for a reservation made in one function and
+converted or given back in another.)
+
 A reservation is checked and written in one ``BEGIN IMMEDIATE`` transaction and counts in every
 later check, reservation and record of other processes (see ``reservations.py`` for how the
 reservations of dead processes are cleared).
@@ -54,10 +57,10 @@ from dpsynth_core.privacy.events import (
 )
 from dpsynth_core.privacy.reservations import (
     STALE_RULE,
+    Heartbeat,
     Reservation,
     clear_stale,
     delete_reservation,
-    heartbeat,
     insert_reservation,
     live_reservations,
 )
@@ -150,6 +153,11 @@ class PrivacyLedger:
         self.delta = float(delta)
         self.created = created
         self._held: dict[str, int] = {}  # stage -> id of the reservation this object holds
+        self._heartbeats: dict[str, Heartbeat] = {}
+
+    def __getstate__(self) -> dict:
+        # a copy in another process (a Ray task) holds no reservation: it belongs to this process
+        return {**self.__dict__, "_held": {}, "_heartbeats": {}}
 
     # ----------------------------------------------------------------------------- lifecycle
     @classmethod
@@ -312,14 +320,13 @@ class PrivacyLedger:
         with closing(_connect(self.path)) as conn:
             return live_reservations(conn)
 
-    @contextmanager
-    def reserve(self, stage: str, event) -> Iterator[Reservation]:
-        """Hold ``event``'s budget for ``stage`` until ``record(stage, ...)`` or the block ends.
+    def hold(self, stage: str, event) -> Reservation:
+        """Reserve ``event``'s budget for ``stage`` until ``record(stage, ...)`` or ``release(stage)``.
 
         Refused (BudgetExceededError) unless the recorded events, every other live reservation and
         ``event`` fit the budget; checked and written in one transaction, so of two processes that
-        race for the last of the budget exactly one gets it. Released when the block ends without a
-        record (failure, interruption); a crash leaves a row that ``reservations.py`` clears."""
+        race for the last of the budget exactly one gets it. A crash leaves a row that
+        ``reservations.py`` clears. Prefer ``with ledger.reserve(...)``."""
         self._validate(stage, event)
         if stage in self._held:
             raise ConfigError(f"stage {stage!r}: this ledger already holds a reservation for it")
@@ -335,13 +342,27 @@ class PrivacyLedger:
                 conn.execute("ROLLBACK")
                 raise
         self._held[stage] = held.id
+        self._heartbeats[stage] = Heartbeat(self.path, held.id)
+        return held
+
+    def release(self, stage: str) -> None:
+        """Give back ``stage``'s reservation if ``record`` has not converted it (no-op otherwise)."""
+        held = self._held.pop(stage, None)
+        beat = self._heartbeats.pop(stage, None)
+        if beat is not None:
+            beat.stop()
+        if held is not None:
+            with closing(_connect(self.path)) as conn:
+                delete_reservation(conn, held)
+
+    @contextmanager
+    def reserve(self, stage: str, event) -> Iterator[Reservation]:
+        """``hold`` for the block; released when it ends without a ``record`` (failure, interruption)."""
+        held = self.hold(stage, event)
         try:
-            with heartbeat(self.path, held.id):
-                yield held
+            yield held
         finally:
-            if self._held.pop(stage, None) is not None:  # not converted by record(): give it back
-                with closing(_connect(self.path)) as conn:
-                    delete_reservation(conn, held.id)
+            self.release(stage)
 
     def record(self, stage: str, event, details: dict | None = None) -> float:
         """Check against the budget and persist ``event`` in one transaction; returns the new total."""
@@ -369,6 +390,7 @@ class PrivacyLedger:
                 conn.execute("ROLLBACK")
                 raise
         self._held.pop(stage, None)
+        self.release(stage)  # stops the heartbeat; the row went with the event's transaction
         _make_durable(self.path)
         return total
 

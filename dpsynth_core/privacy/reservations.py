@@ -21,8 +21,7 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import closing
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -137,23 +136,24 @@ def delete_reservation(conn: sqlite3.Connection, reservation_id: int) -> None:
         conn.execute("DELETE FROM reservations WHERE id = ?", (reservation_id,))
 
 
-@contextmanager
-def heartbeat(ledger_path: Path, reservation_id: int, every_s: float = HEARTBEAT_S) -> Iterator[None]:
-    """Refresh the reservation's heartbeat from a daemon thread while the block runs."""
-    stop = threading.Event()
+class Heartbeat:
+    """Refreshes a reservation's heartbeat from a daemon thread until ``stop()``."""
 
-    def beat() -> None:
-        while not stop.wait(every_s):
+    def __init__(self, ledger_path: Path, reservation_id: int, every_s: float = HEARTBEAT_S) -> None:
+        self._path, self._id, self._every = ledger_path, reservation_id, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ledger-reservation-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every):
             try:
-                with closing(sqlite3.connect(ledger_path, timeout=60.0, isolation_level=None)) as conn:
-                    conn.execute("UPDATE reservations SET heartbeat = ? WHERE id = ?", (time.time(), reservation_id))
+                with closing(sqlite3.connect(self._path, timeout=60.0, isolation_level=None)) as conn:
+                    conn.execute("UPDATE reservations SET heartbeat = ? WHERE id = ?", (time.time(), self._id))
             except sqlite3.Error:
                 pass  # a missed beat only makes the row look older to other hosts
 
-    thread = threading.Thread(target=beat, name="ledger-reservation-heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=5.0)
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
