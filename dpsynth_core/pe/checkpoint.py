@@ -88,3 +88,6 @@ class VoteStore:
 
     def save(self, iteration: int, noisy: list[float], size: int) -> None:
         atomic_write_text(self._path(iteration), json.dumps({"size": int(size), "noisy": list(map(float, noisy))}))
+        from dpsynth_core.storage_sync import make_durable  # object-store runs: in the bucket before it is used
+
+        make_durable(self.folder.parent, self._path(iteration))
