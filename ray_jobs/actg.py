@@ -25,18 +25,8 @@ from pathlib import Path
 
 from dpsynth_core.actg.pipeline import ActgConfig, load_actg_config, run_pipeline
 from dpsynth_core.storage import require_durable_run_dir
-from ray_jobs.cluster import OFFLINE_ENV, ray_session, run_stage_task, stage_options
-
-
-def _located(fn):
-    """``fn`` with the node and GPU ids it ran on added to its summary (the stage's done-marker)."""
-    def stage(cfg: ActgConfig, root: str) -> dict:
-        from ray_jobs.cluster import where_am_i
-
-        return {**(fn(cfg, root) or {}), "ran_on": where_am_i()}
-
-    stage.__name__ = stage.__qualname__ = getattr(fn, "__name__", "actg_stage")
-    return stage
+from dpsynth_core.storage_sync import synced_run
+from ray_jobs.cluster import OFFLINE_ENV, ray_session, run_stage_task, stage_in_run_dir, stage_options
 
 
 def ray_runner(fn, cfg: ActgConfig, root: str, *, isolated: bool = False) -> dict:
@@ -51,7 +41,7 @@ def ray_runner(fn, cfg: ActgConfig, root: str, *, isolated: bool = False) -> dic
         empty = Path(root) / "rl" / "no_private_data"
         empty.mkdir(parents=True, exist_ok=True)
         env["DPSYNTH_DATA_DIR"] = str(empty)
-    task = ray.remote(_located(fn)).options(**opts, max_retries=0, runtime_env={"env_vars": env}, name=name)
+    task = ray.remote(stage_in_run_dir(fn, root)).options(**opts, max_retries=0, runtime_env={"env_vars": env}, name=name)
     return run_stage_task(task, cfg, str(Path(root).resolve()), stage=stage, run_dir=root)
 
 
@@ -60,8 +50,8 @@ def main(config_path: Path, resume: bool = True) -> Path:
     for k, v in OFFLINE_ENV.items():
         os.environ.setdefault(k, v)
     cfg = load_actg_config(config_path)
-    require_durable_run_dir(cfg.resolved_run_dir())  # a submitted job must write to shared storage
-    with ray_session():
+    run_dir = require_durable_run_dir(cfg.resolved_run_dir())  # a submitted job must write to shared storage
+    with synced_run(run_dir, resume=resume), ray_session():  # s3:// / gs://: a mirror synced per stage
         return run_pipeline(cfg, resume=resume, runner=ray_runner)
 
 

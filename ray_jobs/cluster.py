@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 from contextlib import contextmanager
+from pathlib import Path
 
 from dpsynth_core.errors import ConfigError, DpsynthError
 from dpsynth_core.resources import StageResources
@@ -39,6 +40,17 @@ def _job_env_vars() -> dict:
         return {}
 
 
+def storage_env() -> dict[str, str]:
+    """Where object-store runs live, for every stage's worker: endpoint, region, mirror root.
+
+    Never credentials: each node takes those from its own environment / credential chain."""
+    from dpsynth_core.storage import MIRROR_ENV_VAR
+    from dpsynth_core.storage_sync import ENDPOINT_ENV
+
+    names = (*ENDPOINT_ENV, "AWS_REGION", "AWS_DEFAULT_REGION", "STORAGE_EMULATOR_HOST", MIRROR_ENV_VAR)
+    return {k: os.environ[k] for k in names if os.environ.get(k)}
+
+
 def ensure_ray(address: str | None = None, *, num_cpus: int | None = None, num_gpus: int | None = None,
                env_vars: dict[str, str] | None = None) -> bool:
     """Initialise Ray if needed (join or embed); True if this call started it."""
@@ -50,7 +62,7 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None, num_g
     job_env = _job_env_vars()
     from dpsynth_core.quiet import quiet_env  # workers on other nodes do not inherit the CLI's quiet env
 
-    env = {k: v for k, v in {**OFFLINE_ENV, **quiet_env(), **(env_vars or {})}.items() if k not in job_env}
+    env = {k: v for k, v in {**OFFLINE_ENV, **quiet_env(), **storage_env(), **(env_vars or {})}.items() if k not in job_env}
     target = cluster_address(address)
     common = dict(include_dashboard=False, log_to_driver=True, configure_logging=True, logging_level="WARNING",
                   runtime_env={"env_vars": env})
@@ -110,17 +122,44 @@ class StageLostError(DpsynthError):
     """A stage's task died with its node or worker; what completed before is kept for a resume."""
 
 
+def stage_in_run_dir(fn, run_dir: str | Path):
+    """``fn(cfg, root)`` made a Ray stage: its summary records where it ran (``ran_on``), and for an
+    object-store run its node's mirror is pulled before and pushed after it (commit files last)."""
+    from dpsynth_core.storage import object_store_uri
+
+    uri = object_store_uri(run_dir)  # computed here: the stage's node may have another mirror root
+
+    def stage(cfg, root: str) -> dict:
+        from dpsynth_core.storage_sync import synced_run
+
+        with synced_run(root, uri=uri):
+            summary = fn(cfg, root) or {}
+        return {**summary, "ran_on": where_am_i()}
+
+    stage.__name__ = stage.__qualname__ = getattr(fn, "__name__", "stage")
+    return stage
+
+
 def run_stage_task(task, *args, stage: str, run_dir: str):
     """``ray.get(task.remote(*args))``; a stage lost with its node/worker becomes one clear error.
 
     Stages run with ``max_retries=0``: a DP stage is never silently re-run by Ray. Its ledger
     events and completion markers are in the run directory, so resubmitting the same config resumes
-    and charges nothing twice."""
+    and charges nothing twice. For an object-store run the driver pushes what it wrote (the last
+    stage's marker) before the stage and pulls what the stage wrote (on whichever node) after it."""
     import ray
     from ray import exceptions as rx
 
+    from dpsynth_core.storage_sync import mirror_for
+
+    mirror = mirror_for(run_dir)
     try:
-        return ray.get(task.remote(*args))
+        if mirror is not None:
+            mirror.push()
+        result = ray.get(task.remote(*args))
+        if mirror is not None:
+            mirror.pull()
+        return result
     except (rx.NodeDiedError, rx.WorkerCrashedError, rx.ObjectLostError, rx.OwnerDiedError,
             rx.LocalRayletDiedError, rx.TaskUnschedulableError) as exc:
         raise StageLostError(
@@ -130,8 +169,10 @@ def run_stage_task(task, *args, stage: str, run_dir: str):
 
 
 def where_am_i() -> dict:
-    """The node and the GPU ids of the current Ray task/actor (recorded in stage summaries)."""
+    """The node, host and GPU ids of the current Ray task/actor (recorded in stage summaries)."""
+    import socket
+
     import ray
 
     ctx = ray.get_runtime_context()
-    return {"node_id": ctx.get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+    return {"node_id": ctx.get_node_id(), "host": socket.gethostname(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from dpsynth_core.tabular.config import DpFairConfig, load_dpfair_config
 from dpsynth_core.tabular.pipeline import local_runner, public_schema, run_dpfair
-from ray_jobs.cluster import OFFLINE_ENV, ensure_ray, stage_options
+from dpsynth_core.storage_sync import synced_run
+from ray_jobs.cluster import OFFLINE_ENV, ensure_ray, run_stage_task, stage_in_run_dir, stage_options
 
 
 def ray_runner(fn, cfg: DpFairConfig, root: str) -> dict:
@@ -24,25 +25,26 @@ def ray_runner(fn, cfg: DpFairConfig, root: str) -> dict:
     import ray
 
     opts = stage_options(cfg.resources, "model")
-    task = ray.remote(fn).options(**opts, max_retries=0, runtime_env={"env_vars": dict(OFFLINE_ENV)},
-                                  name=getattr(fn, "__name__", "dpfair_stage"))
-    return ray.get(task.remote(cfg, str(Path(root).resolve())))
+    task = ray.remote(stage_in_run_dir(fn, root)).options(  # s3:// / gs://: pulled and pushed on its node
+        **opts, max_retries=0, runtime_env={"env_vars": dict(OFFLINE_ENV)}, name=getattr(fn, "__name__", "dpfair_stage"))
+    return run_stage_task(task, cfg, str(Path(root).resolve()), stage="model", run_dir=root)
 
 
 def main(config_path: Path, resume: bool = True) -> Path:
     """Run (or resume) the DPFairLLM pipeline of ``config_path``; return the run directory."""
     cfg = load_dpfair_config(config_path)
-    if not cfg.use_ray:
-        return run_dpfair(cfg, resume=resume, runner=local_runner)
-    import ray
+    with synced_run(cfg.run_dir(), resume=resume):  # s3:// / gs://: a local mirror synced per stage
+        if not cfg.use_ray:
+            return run_dpfair(cfg, resume=resume, runner=local_runner)
+        import ray
 
-    public_schema(cfg)  # config errors before a Ray instance is started
-    started = ensure_ray()
-    try:
-        return run_dpfair(cfg, resume=resume, runner=ray_runner)
-    finally:
-        if started:
-            ray.shutdown()
+        public_schema(cfg)  # config errors before a Ray instance is started
+        started = ensure_ray()
+        try:
+            return run_dpfair(cfg, resume=resume, runner=ray_runner)
+        finally:
+            if started:
+                ray.shutdown()
 
 
 if __name__ == "__main__":  # python -m ray_jobs.dpfair CONFIG

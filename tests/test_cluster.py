@@ -155,6 +155,9 @@ def _submit_twice_and_compare_ledgers(c, storage, data_dir, pipeline, source, vo
     second, _, _ = submit(c, data_dir, "run", pipeline, "--config", str(cfg))
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert ledger_rows(run_dir) == charged  # the resume charged nothing twice
+    attempts = json.loads((run_dir / "ran_on.json").read_text())["attempts"]  # where each submission ran
+    assert len(attempts) == 2 and attempts[0]["vote_loop"]["node_id"] == _driver_node(c, job_id)
+    return attempts
 
 
 def test_augpe_submission_writes_to_storage_and_resubmission_charges_nothing(cluster, storage, shared_data_dir):
@@ -167,7 +170,10 @@ def test_augpe_submission_writes_to_storage_and_resubmission_charges_nothing(clu
 def test_wasp_submission_writes_to_storage_and_resubmission_charges_nothing(cluster, storage, shared_data_dir):
     """WASP's two PLM actors (1 CPU each) fill both 1-CPU nodes."""
     c, _ = cluster
-    _submit_twice_and_compare_ledgers(c, storage, shared_data_dir, "wasp", "wasp_tiny.yaml", "wasp.topq_vote")
+    attempts = _submit_twice_and_compare_ledgers(c, storage, shared_data_dir, "wasp", "wasp_tiny.yaml",
+                                                 "wasp.topq_vote")
+    alive = {n["node_id"] for n in c.alive_nodes()}
+    assert {p["node_id"] for p in attempts[0]["plms"]} == alive  # one PLM actor on each node
 
 
 def _driver_node(c: LocalCluster, job_id: str) -> str:
@@ -195,7 +201,7 @@ def test_actg_submission_runs_dp_sgd_on_the_gpu_node_and_resumes(cluster, storag
     markers = _markers(run_dir)
     assert set(STAGES_ACTG) <= set(markers)
     gpu_node = _gpu_node_id(c)
-    assert markers["private"]["ran_on"] == {"node_id": gpu_node, "gpu_ids": ["0"]}
+    assert (markers["private"]["ran_on"]["node_id"], markers["private"]["ran_on"]["gpu_ids"]) == (gpu_node, ["0"])
     assert _driver_node(c, job_id) != gpu_node  # the job's driver ran on the head: two nodes took part
     for name in ("synthetic.jsonl", "metrics.json", "ledger.sqlite", "features.csv", "generator/adapter"):
         assert (run_dir / name).exists(), name

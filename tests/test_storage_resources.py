@@ -15,12 +15,12 @@ from dpsynth_core.storage import JOB_ENV_VAR, require_durable_run_dir
 PE = {"method": "augpe", "data": {"classes": ["a", "b"]}}
 
 
-def test_run_dir_takes_a_file_uri_and_refuses_object_stores_clearly():
+def test_run_dir_takes_a_file_uri_and_refuses_unknown_stores_clearly():
     assert ActgConfig(run_dir="file:///mnt/shared/runs/a%20b").run_dir == Path("/mnt/shared/runs/a b")
     assert PEConfig(**PE, run_dir="file:///mnt/shared/pe").run_dir == Path("/mnt/shared/pe")
     assert PEConfig(**PE, run_dir="runs/pe").run_dir == Path("runs/pe")
-    with pytest.raises(ValueError, match=r"s3:// run storage is not supported yet .*mount the bucket"):
-        ActgConfig(run_dir="s3://bucket/runs/x")
+    with pytest.raises(ValueError, match=r"abfs:// run storage is not supported \(use s3://, gs://"):
+        ActgConfig(run_dir="abfs://container/runs/x")  # s3:// and gs://: tests/test_storage_object_store.py
     with pytest.raises(ValueError, match="not a host"):
         PEConfig(**PE, run_dir="file://otherhost/runs/x")
 
