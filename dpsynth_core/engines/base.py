@@ -36,6 +36,7 @@ class TextEngine(abc.ABC):
     """A loaded model (optionally with a LoRA adapter) that turns prompts into completions."""
 
     backend: str
+    tokenizer: object  # the model's HF tokenizer (both backends tokenize with it)
 
     @abc.abstractmethod
     def run(self, prompts: Sequence[str], params: SamplingParams) -> GenerationBatch:

@@ -47,6 +47,9 @@ class SamplingParams(StrictConfig):
     stop: tuple[str, ...] = ()  # cut each completion before the first of these strings
     seed: int | None = Field(None, ge=0)  # post-processing seed; None: fresh OS entropy per call
     chat: bool = False  # wrap each prompt in the tokenizer's chat template (instruct models)
+    # vLLM only: every completion matches this regex (structured outputs); HF constrains rows with
+    # a logits processor instead (dpsynth_core.tabular.constrained)
+    regex: str | None = None
 
     @model_validator(mode="after")
     def _no_empty_stop(self) -> SamplingParams:

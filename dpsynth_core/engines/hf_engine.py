@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dpsynth_core.engines.adapters import load_hf_model
 from dpsynth_core.engines.base import GenerationBatch, TextEngine, cut_at_stop
 from dpsynth_core.engines.config import EngineConfig, SamplingParams
+from dpsynth_core.errors import ConfigError
 from dpsynth_core.privacy.randomness import secret_seed
 
 
@@ -29,6 +30,10 @@ class HFEngine(TextEngine):
 
     def run(self, prompts: Sequence[str], params: SamplingParams) -> GenerationBatch:
         from dpsynth_core import generation
+
+        if params.regex is not None:
+            raise ConfigError("regex-constrained sampling needs the vllm engine (HF constrains rows with "
+                              "dpsynth_core.tabular.constrained.ConstrainedRowProcessor)")
 
         # Prompt-major repetition: sample j of prompt i sits at i * n + j.
         jobs = [p for p in prompts for _ in range(params.n)]

@@ -18,15 +18,15 @@ from dpsynth_core.engines.base import GenerationBatch, TextEngine, cut_at_stop
 from dpsynth_core.engines.config import EngineConfig, SamplingParams
 from dpsynth_core.privacy.randomness import secret_seed
 
-_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
+LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 
 
-def _quiet_vllm() -> None:
+def quiet_vllm() -> None:
     # vLLM logs every engine argument at INFO; keep run output quiet unless asked otherwise.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
-def _merged_dir(model: str, adapter_dir: Path) -> Path:
+def merged_dir(model: str, adapter_dir: Path) -> Path:
     """Where the merged copy of (model, adapter) is cached: keyed by the adapter's bytes."""
     from dpsynth_core.models.registry import cache_dir
 
@@ -42,7 +42,7 @@ class VLLMEngine(TextEngine):
     backend = "vllm"
 
     def __init__(self, config: EngineConfig) -> None:
-        _quiet_vllm()
+        quiet_vllm()
         from vllm import LLM
 
         from dpsynth_core.models import load_tokenizer, resolve_model_dir
@@ -57,12 +57,12 @@ class VLLMEngine(TextEngine):
             if kind == "merged":
                 model_dir = Path(config.adapter_dir)
             elif config.lora_mode == "merged":
-                model_dir = merge_adapter(config.model, config.adapter_dir, _merged_dir(config.model, config.adapter_dir))
+                model_dir = merge_adapter(config.model, config.adapter_dir, merged_dir(config.model, config.adapter_dir))
             else:
                 from vllm.lora.request import LoRARequest
 
                 rank = lora_rank(config.adapter_dir)
-                kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=min(r for r in _LORA_RANKS if r >= rank))
+                kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=min(r for r in LORA_RANKS if r >= rank))
                 self.lora = LoRARequest("dp-adapter", 1, str(Path(config.adapter_dir).resolve()))
         # Read by vLLM's CPU platform when the engine config is built (a whole number of GiB).
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(config.kv_cache_gib)))
@@ -85,20 +85,27 @@ class VLLMEngine(TextEngine):
         encoded = self.tokenizer(texts, add_special_tokens=not chat)["input_ids"]
         return [{"prompt_token_ids": ids} for ids in encoded]
 
-    def run(self, prompts: Sequence[str], params: SamplingParams) -> GenerationBatch:
+    def run(self, prompts: Sequence[str], params: SamplingParams | Sequence[SamplingParams]) -> GenerationBatch:
+        """As :meth:`TextEngine.run`; ``params`` may also be one per prompt (e.g. one row regex each)."""
         import vllm
+        from vllm.sampling_params import StructuredOutputsParams
 
+        each = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(each) != len(prompts) or len({p.n for p in each}) > 1 or len({p.chat for p in each}) > 1:
+            raise ValueError("one SamplingParams, or one per prompt with the same n and chat")
         if not prompts:
-            return GenerationBatch(texts=[], new_tokens=[], latencies_s=[], n=params.n)
+            return GenerationBatch(texts=[], new_tokens=[], latencies_s=[], n=each[0].n if each else 1)
+        params = each[0]
         base_seed = params.seed if params.seed is not None else secret_seed(31)
         # One seed per prompt, so a prompt's samples do not depend on which batch it landed in.
         requests = [
             vllm.SamplingParams(
-                n=params.n, temperature=params.temperature, top_p=params.top_p,
-                max_tokens=params.max_new_tokens, stop=list(params.stop) or None,
+                n=p.n, temperature=p.temperature, top_p=p.top_p,
+                max_tokens=p.max_new_tokens, stop=list(p.stop) or None,
                 seed=(base_seed + i) % 2**31,
+                structured_outputs=StructuredOutputsParams(regex=p.regex) if p.regex else None,
             )
-            for i in range(len(prompts))
+            for i, p in enumerate(each)
         ]
         start = time.perf_counter()
         self.llm.enqueue(self._prompt_ids(prompts, params.chat), requests, lora_request=self.lora, use_tqdm=False)

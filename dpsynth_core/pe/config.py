@@ -31,6 +31,8 @@ class PLMConfig(StrictConfig):
     api_key_env: str = "OPENAI_API_KEY"
     max_concurrent_requests: int = Field(8, ge=1, le=256)  # openai backend: requests in flight at once
     max_retries: int = Field(3, ge=0, le=20)  # openai backend: per request, on 429 / 5xx / connection errors
+    # hf / ray_actor / serve: the generation engine (auto: vLLM where installed and it runs the model, else HF)
+    engine: Literal["auto", "vllm", "hf"] = "auto"
 
     @property
     def display_name(self) -> str:

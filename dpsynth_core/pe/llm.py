@@ -70,39 +70,33 @@ def clean_completion(text: str) -> str:
     return text.strip()
 
 
-class HFLocalLLM(LLM):
-    """A causal LM from the project registry, run in this process with ``generate``."""
+class LocalLLM(LLM):
+    """A PLM from the project registry in this process, through the generation engine:
+    ``engine: auto`` runs vLLM where it is installed and supports the model, else HF ``generate``."""
 
-    def __init__(self, model: str, *, batch_size: int = 16, num_threads: int | None = None, name: str | None = None) -> None:
-        import torch
+    def __init__(self, model: str, *, batch_size: int = 16, num_threads: int | None = None, name: str | None = None,
+                 engine: str = "auto") -> None:
+        from dpsynth_core.engines import EngineConfig, load_engine
 
-        from dpsynth_core.models import load_causal_lm
-
-        if num_threads:
-            torch.set_num_threads(num_threads)
         self.model_name = model
         self.name = name or model
-        self.batch_size = batch_size
-        self.model, self.tokenizer = load_causal_lm(model)
+        self.engine = load_engine(EngineConfig(model=model, backend=engine, hf_batch_size=batch_size,
+                                               torch_threads=num_threads))
+        # Instruct models get their chat template, base models (Gemma-3-270M) continue the raw prompt.
+        self.chat = bool(getattr(self.engine.tokenizer, "chat_template", None))
 
     def generate(self, prompts: list[str], params: GenerationParams) -> list[str]:
-        import torch
+        from dpsynth_core.engines import SamplingParams
 
-        out: list[str] = []
-        for start in range(0, len(prompts), self.batch_size):
-            batch = [format_prompt(self.tokenizer, p) for p in prompts[start : start + self.batch_size]]
-            enc = self.tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False)
-            # Seed per batch so a result depends on (seed, batch position) only: resumable runs.
-            torch.manual_seed(params.seed * 1_000_003 + start)
-            with torch.no_grad():
-                ids = self.model.generate(
-                    **enc, max_new_tokens=params.max_new_tokens, do_sample=True,
-                    temperature=params.temperature, top_p=params.top_p,
-                    pad_token_id=self.tokenizer.pad_token_id,
-                )
-            new = ids[:, enc["input_ids"].shape[1] :]
-            out += [clean_completion(t) for t in self.tokenizer.batch_decode(new, skip_special_tokens=True)]
-        return out
+        sampling = SamplingParams(max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+                                  top_p=params.top_p, seed=params.seed, chat=self.chat)
+        return [clean_completion(t) for t in self.engine.generate(prompts, sampling)]
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+HFLocalLLM = LocalLLM  # the name the Ray drivers import; it runs on whichever engine ``engine`` picks
 
 
 class OpenAICompatibleLLM(LLM):

@@ -24,7 +24,8 @@ from dpsynth_core.tabular.config import FairGenerationSettings, GenerationSettin
 from dpsynth_core.tabular.constrained import ConstrainedRowProcessor, RowConstraint
 from dpsynth_core.tabular.serialize import RowSerializer
 
-__all__ = ["FairGenerationSettings", "GenerationResult", "GapTracker", "GenerationSettings", "dp_gap_of", "generate_rows"]
+__all__ = ["FairGenerationSettings", "GenerationResult", "GapTracker", "GenerationSettings", "dp_gap_of", "generate_rows",
+           "open_row_generator"]
 
 
 @dataclass
@@ -94,8 +95,65 @@ class GenerationResult:
         return (self.attempted - self.invalid) / max(self.attempted, 1)
 
 
+def open_row_generator(base_model: str, adapter_dir, settings: GenerationSettings, engine: str = "auto"):
+    """The row generator as a :class:`~dpsynth_core.engines.TextEngine` for :func:`generate_rows`.
+
+    Fairness-aware generation stays on HF: it reads the generator's own P(Y = pos | row so far)
+    from the full logits at the target's value start (the processor records them), which vLLM
+    only returns as top-k log-probs. Without fairness, ``engine`` decides (vLLM: structured outputs).
+    """
+    from dpsynth_core.engines import EngineConfig, load_engine
+
+    backend = "hf" if settings.fairness.enabled else engine
+    return load_engine(EngineConfig(model=base_model, adapter_dir=adapter_dir, backend=backend,
+                                    hf_batch_size=settings.batch_size))
+
+
+def _generate_rows_structured(engine, serializer: RowSerializer, settings: GenerationSettings) -> GenerationResult:
+    """vLLM: each row's text is held to the regex of its column order (structured outputs)."""
+    from dpsynth_core.engines import SamplingParams
+    from dpsynth_core.tabular.row_regex import row_regex
+
+    constraint = RowConstraint(serializer, engine.tokenizer)
+    rows: list[dict] = []
+    attempted = invalid = 0
+    max_attempts = int(settings.num_rows * settings.max_attempts_factor)
+    batch_no = 0
+    while len(rows) < settings.num_rows and attempted < max_attempts:
+        bs = min(max(settings.batch_size, settings.num_rows - len(rows)), max_attempts - attempted)
+        orders = [serializer.order_for_row() for _ in range(bs)]
+        params = [SamplingParams(max_new_tokens=constraint.max_row_tokens(o), temperature=settings.temperature,
+                                 top_p=settings.top_p, seed=(settings.seed * 100003 + batch_no) % 2**62,
+                                 regex=row_regex(serializer, o)) for o in orders]
+        batch_no += 1
+        for text in engine.generate([serializer.prompt(o) for o in orders], params):
+            attempted += 1
+            try:
+                rows.append(serializer.parse(text))
+            except Exception:  # noqa: BLE001 - counted, never shown
+                invalid += 1
+            if len(rows) >= settings.num_rows:
+                break
+    frame = pd.DataFrame(rows, columns=serializer.schema.names)
+    if len(frame):
+        frame = frame.sample(frac=1.0, random_state=settings.seed).reset_index(drop=True)
+    return GenerationResult(frame=frame, attempted=attempted, invalid=invalid, rejected=0, gap_history=[])
+
+
 def generate_rows(model, tokenizer, serializer: RowSerializer, settings: GenerationSettings, *, progress: bool = True) -> GenerationResult:
-    """Sample ``settings.num_rows`` rows (fewer only if max attempts run out) under constrained decoding."""
+    """Sample ``settings.num_rows`` rows (fewer only if max attempts run out) under constrained decoding.
+
+    ``model``: an HF model, or an engine from :func:`open_row_generator` (``tokenizer`` unused):
+    vLLM generates under the schema's row regex, an HF engine runs the logits processor below.
+    """
+    from dpsynth_core.engines import TextEngine
+
+    if isinstance(model, TextEngine):
+        if model.backend == "vllm":
+            if settings.fairness.enabled:
+                raise ConfigError("fairness-aware generation needs the hf engine (see open_row_generator)")
+            return _generate_rows_structured(model, serializer, settings)
+        model, tokenizer = model.model, model.tokenizer
     schema = serializer.schema
     fs = settings.fairness
     sensitive = fs.sensitive or (schema.sensitive[0] if schema.sensitive else None)
