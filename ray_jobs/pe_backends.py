@@ -31,6 +31,12 @@ class PLMActor:
     def ready(self) -> bool:
         return True
 
+    def where(self) -> dict:
+        """The node and GPU ids this PLM runs on (recorded in the run's ``ran_on.json``)."""
+        from ray_jobs.cluster import where_am_i
+
+        return where_am_i()
+
 
 class _RefResult:
     def __init__(self, ref) -> None:
@@ -63,6 +69,9 @@ class RayActorLLM(LLM):
 
     def generate(self, prompts: list[str], params: GenerationParams) -> list[str]:
         return self.submit(prompts, params).result()
+
+    def where(self) -> dict:
+        return ray.get(self.actor.where.remote())
 
     def close(self) -> None:
         ray.kill(self.actor)
@@ -107,11 +116,34 @@ class ServeHandleLLM(LLM):
     def generate(self, prompts: list[str], params: GenerationParams) -> list[str]:
         return self.submit(prompts, params).result()
 
+    def where(self) -> dict:
+        """The nodes of this PLM's Serve replicas (Ray's state API)."""
+        from ray.util.state import list_actors
+
+        from serving.app import generator_deployment_name
+
+        replicas = list_actors(filters=[("state", "=", "ALIVE")], limit=10_000)
+        nodes = sorted({a.node_id for a in replicas if a.class_name.startswith("ServeReplica:")
+                        and a.class_name.endswith(":" + generator_deployment_name(self.deployment_name))})
+        return {"node_ids": nodes}
+
     def close(self) -> None:
         close_serve_plms(self.app_name)
 
 
 SERVE_APP = "dpsynth-pe-plms"
+
+
+def placement_of(llm: LLM) -> dict:
+    """Where one PLM runs: its actor's node and GPU ids, its Serve replicas' nodes, or this process."""
+    if isinstance(llm, (RayActorLLM, ServeHandleLLM)):
+        where = llm.where()
+    elif isinstance(llm, OpenAICompatibleLLM):
+        where = {"endpoint": "external"}
+    else:  # in the driver's process
+        where = {"node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
+                 "in_driver": True}
+    return {"plm": getattr(llm, "name", type(llm).__name__), **where}
 
 
 def serve_deployment_names(plms: Sequence[PLMConfig]) -> list[str]:
