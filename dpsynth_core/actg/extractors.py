@@ -26,13 +26,13 @@ import json
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
-from typing import Literal, Sequence
+from typing import Annotated, Literal, Sequence
 
 import numpy as np
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from dpsynth_core.actg.schema import AttributeField, AttributeSchema
-from dpsynth_core.config import StrictConfig
+from dpsynth_core.config import SEQ_LEN_CAP, StrictConfig, cap
 from dpsynth_core.errors import ConfigError, DataError
 from dpsynth_core.privacy.endpoints import require_local_or_allowed
 
@@ -365,13 +365,13 @@ class ExtractorConfig(StrictConfig):
     kind: Literal["lm", "embedding", "openai"] = "embedding"
     model: str | None = None
     # lm
-    max_text_tokens: int = 256
+    max_text_tokens: Annotated[int, SEQ_LEN_CAP] = Field(256, ge=1)
     # embedding
     option_template: str = "{description}: {option}"
     # openai
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
-    max_workers: int = 4
+    max_workers: Annotated[int, cap(256, 'concurrent requests to the endpoint')] = Field(4, ge=1)
     # Private texts go to base_url; only a loopback server unless the data owner opts in here.
     allow_external_processing: bool = False
 

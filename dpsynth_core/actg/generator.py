@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from dpsynth_core.actg.schema import AttributeSchema
-from dpsynth_core.config import StrictConfig
+from dpsynth_core.config import BATCH_CAP, NEW_TOKENS_CAP, StrictConfig
 from dpsynth_core.errors import ConfigError, DataError
 
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
@@ -30,10 +30,10 @@ PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 class GenerationSettings(StrictConfig):
     """Sampling settings for the generator (post-processing, no privacy cost)."""
 
-    max_new_tokens: int = Field(128, ge=1)
+    max_new_tokens: Annotated[int, NEW_TOKENS_CAP] = Field(128, ge=1)
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(0.95, gt=0.0, le=1.0)
-    batch_size: int = Field(16, ge=1)
+    batch_size: Annotated[int, BATCH_CAP] = Field(16, ge=1)
     seed: int = 0
     # auto: vLLM where installed and it runs the model, else HF batched generate (one log line says so)
     engine: Literal["auto", "vllm", "hf"] = "auto"

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, field_validator, model_validator
@@ -49,7 +49,7 @@ from dpsynth_core.actg.anchored_rl import AnchoredRLConfig
 from dpsynth_core.actg.data_split import load_private_split
 from dpsynth_core.actg.extractors import ExtractorConfig
 from dpsynth_core.actg.generator import GenerationSettings
-from dpsynth_core.config import StrictConfig, load_config
+from dpsynth_core.config import OUTPUT_ROWS_CAP, RECORDS_CAP, TEXT_CHARS_CAP, THREADS_CAP, StrictConfig, cap, load_config
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.files import atomic_write_text
 from dpsynth_core.resources import PipelineResources
@@ -69,9 +69,9 @@ class DataSettings(StrictConfig):
     path: Path | None = None
     text_col: str = "abstract"
     label_col: str = "category"
-    n_records: int = Field(300, ge=4)     # expected private records: secret Bernoulli sample of the pool
-    n_eval: int = Field(200, ge=2)        # held-out real texts for evaluation (owner-side, disjoint)
-    max_chars: int = Field(1500, ge=50)   # training targets are cut here (the model sees max_seq_len anyway)
+    n_records: Annotated[int, RECORDS_CAP] = Field(300, ge=4)     # expected private records: secret Bernoulli sample of the pool
+    n_eval: Annotated[int, cap(100_000, 'held-out texts embedded for evaluation')] = Field(200, ge=2)        # held-out real texts for evaluation (owner-side, disjoint)
+    max_chars: Annotated[int, TEXT_CHARS_CAP] = Field(1500, ge=50)   # training targets are cut here (the model sees max_seq_len anyway)
     seed: int = 0                         # held-out split only (public); never the private selection
     text_description: str = "bioRxiv preprint abstract"
 
@@ -88,12 +88,12 @@ class PrivacySettings(StrictConfig):
 class FeatureSettings(StrictConfig):
     """AIM synthetic attribute table (``dpsynth_core.actg.features``)."""
 
-    n_synthetic: int = Field(50, ge=1)   # synthetic attribute rows = texts generated
+    n_synthetic: Annotated[int, OUTPUT_ROWS_CAP] = Field(50, ge=1)   # synthetic attribute rows = texts generated
     options: dict[str, Any] = Field(default_factory=dict)  # extra keyword arguments for features.py
 
 
 class BestOfNSettings(StrictConfig):
-    n: int = Field(5, ge=1)
+    n: Annotated[int, cap(64, 'candidates generated and scored per text (n x features.n_synthetic generations)')] = Field(5, ge=1)
     serve_app: str | None = None  # name of a running Serve app with a BestOfN deployment; None = in-process
 
 
@@ -121,7 +121,7 @@ class ActgConfig(StrictConfig):
     best_of_n: BestOfNSettings = Field(default_factory=BestOfNSettings)
     rl: AnchoredRLConfig = Field(default_factory=AnchoredRLConfig)
     evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
-    torch_threads: int = Field(2, ge=1)
+    torch_threads: Annotated[int, THREADS_CAP] = Field(2, ge=1)
     # scheduling only (not part of the run's identity: a resumed run may get another cluster)
     resources: PipelineResources = Field(default_factory=PipelineResources, exclude=True)
     stop_after_stage: str | None = None   # testing: stop (as if killed) once this stage completed

@@ -27,9 +27,23 @@ def _cluster(address: str | None = typer.Option(
 
 _CONFIG = typer.Option(..., "--config", "-c", help="Pipeline config (YAML).", exists=False)
 _FRESH = typer.Option(False, "--fresh", help="Ignore completed stages and start over in a new run directory.")
+_CHECK = typer.Option(False, "--check", help="Only the pre-flight: validate config and data, print what would run, "
+                                            "write nothing.")
 
 
-def _run(pipeline: str, config: Path, fresh: bool) -> None:
+def _preflight(pipeline: str, config: Path, check: bool) -> bool:
+    """Config and whole data file checked before a run directory or Ray exists; True: stop here (--check)."""
+    from dpsynth_core.preflight import preflight
+
+    plan = preflight(pipeline, config)
+    if check:
+        typer.echo(plan.render())
+    return check
+
+
+def _run(pipeline: str, config: Path, fresh: bool, check: bool) -> None:
+    if _preflight(pipeline, config, check):
+        return
     from dpsynth_core.run_summary import now
 
     started = now()
@@ -46,32 +60,34 @@ def _summarize(run_dir: Path, started: float) -> None:
 
 
 @app.command()
-def actg(config: Path = _CONFIG, fresh: bool = _FRESH) -> None:
+def actg(config: Path = _CONFIG, fresh: bool = _FRESH, check: bool = _CHECK) -> None:
     """ACTG-ARL: attributes -> AIM features -> DP conditional generator -> Best-of-N -> Anchored RL."""
-    _run("actg", config, fresh)
+    _run("actg", config, fresh, check)
 
 
 @app.command()
-def wasp(config: Path = _CONFIG, fresh: bool = _FRESH) -> None:
+def wasp(config: Path = _CONFIG, fresh: bool = _FRESH, check: bool = _CHECK) -> None:
     """WASP: several PLMs, Top-Q DP voting, contrastive prompts, PLM re-weighting."""
-    _run("wasp", config, fresh)
+    _run("wasp", config, fresh, check)
 
 
 @app.command()
-def augpe(config: Path = _CONFIG, fresh: bool = _FRESH) -> None:
+def augpe(config: Path = _CONFIG, fresh: bool = _FRESH, check: bool = _CHECK) -> None:
     """Aug-PE: private evolution with one PLM and a nearest-neighbour DP histogram."""
-    _run("augpe", config, fresh)
+    _run("augpe", config, fresh, check)
 
 
 @app.command()
-def dpfair(config: Path = _CONFIG, fresh: bool = _FRESH) -> None:
+def dpfair(config: Path = _CONFIG, fresh: bool = _FRESH, check: bool = _CHECK) -> None:
     """DPFairLLM: DP and fair tabular synthesis with a fine-tuned LLM."""
-    _run("dpfair", config, fresh)
+    _run("dpfair", config, fresh, check)
 
 
 @app.command()
-def aim(config: Path = _CONFIG, fresh: bool = _FRESH) -> None:
+def aim(config: Path = _CONFIG, fresh: bool = _FRESH, check: bool = _CHECK) -> None:
     """AIM baseline (smartnoise-synth) on a table: its own run, release and ledger."""
+    if _preflight("aim", config, check):
+        return
     from dpsynth_core.run_summary import now
     from dpsynth_core.tabular.aim_run import main
 

@@ -100,6 +100,8 @@ def train(
     progress: bool = typer.Option(True, "--progress/--no-progress"),
     fresh: bool = typer.Option(False, "--fresh", help="Move an old run in output_dir aside (NAME.prev-STAMP) and "
                                                      "start again; without it a finished run is not retrained."),
+    check: bool = typer.Option(False, "--check", help="Only the pre-flight: validate config and data, print the plan, "
+                                                     "write nothing."),
 ) -> None:
     """Fine-tune a LoRA adapter with DP-SGD; writes adapter/, training_curve.png and a ledger entry.
 
@@ -107,11 +109,16 @@ def train(
     (--fresh moves the old run aside); one process per output_dir (a lock)."""
     from dpsynth_core.config import load_config
     from dpsynth_core.dpsgd.sampling import PrivacyUnits
+    from dpsynth_core.preflight import preflight
     from dpsynth_core.privacy.randomness import refuse_pinned_dp_seed
 
     job = load_config(config, TrainJobConfig)
-    if not fresh and already_finished(Path(job.output_dir), job.model_dump(mode="json"), job.stage):
-        return  # the rerun rule comes first: a finished run reads no data
+    if not (fresh or check) and already_finished(Path(job.output_dir), job.model_dump(mode="json"), job.stage):
+        return  # the rerun rule comes first: a finished run reads no data and is not checked against its own spend
+    plan = preflight("train", config)  # config, whole data file, delta, noise: before anything is written
+    if check:
+        typer.echo(plan.render())
+        return
     try:  # a pinned seed makes the noise reproducible from this file: tests only (DPSYNTH_TEST_MODE=1)
         refuse_pinned_dp_seed("train.sampling_seed", job.train.sampling_seed)
     except ValueError as exc:

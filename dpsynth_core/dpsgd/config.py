@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from dpsynth_core.config import StrictConfig
+from dpsynth_core.config import BATCH_CAP, SEQ_LEN_CAP, STEPS_CAP, THREADS_CAP, StrictConfig, cap
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class TrainExample:
 class LoraSettings(StrictConfig):
     """peft LoRA hyper-parameters."""
 
-    r: int = Field(8, ge=1)
+    r: Annotated[int, cap(1024, 'LoRA rank')] = Field(8, ge=1)
     alpha: int = Field(16, ge=1)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"], min_length=1)
@@ -43,24 +43,24 @@ class DpSgdConfig(StrictConfig):
     model: str = "smollm2-135m-instruct"
     lora: LoraSettings = Field(default_factory=LoraSettings)
     epsilon: float
-    delta: float | None = None
+    delta: float | None = Field(None, gt=0, lt=1)
     max_grad_norm: float = Field(1.0, gt=0)
-    expected_batch_size: int = Field(32, ge=1)
-    physical_batch_size: int = Field(8, ge=1)
-    steps: int = Field(..., ge=1)
+    expected_batch_size: Annotated[int, cap(1_000_000, 'expected records per DP-SGD step')] = Field(32, ge=1)
+    physical_batch_size: Annotated[int, BATCH_CAP] = Field(8, ge=1)
+    steps: Annotated[int, STEPS_CAP] = Field(..., ge=1)
     learning_rate: float = Field(5e-4, gt=0)
     # hooks: one backward, per-sample LoRA gradients materialised (small with LoRA); ghost: two
     # backward passes through the whole model. benchmarks/dpsgd_overhead.py: hooks is the faster.
     clipping: Literal["ghost", "hooks"] = "hooks"
     accountant: Literal["pld", "rdp", "prv"] = "pld"
-    max_seq_len: int = Field(256, ge=8)
+    max_seq_len: Annotated[int, SEQ_LEN_CAP] = Field(256, ge=8)
     seed: int = 0
     checkpoint_every: int = Field(0, ge=0)
-    num_workers: int = Field(1, ge=1)
+    num_workers: Annotated[int, cap(1024, 'Ray Train workers')] = Field(1, ge=1)
     # --- beyond the shared contract (all optional) ---
     # User-level DP: at most this many examples of a sampled user per step, averaged into one
     # per-user loss. k > 1 needs clipping='hooks' (ghost norms are per row, not per user).
-    max_examples_per_user: int = Field(1, ge=1)
+    max_examples_per_user: Annotated[int, cap(1024, 'examples of one user per step')] = Field(1, ge=1)
     # Seed of the Poisson sampler and the noise. None (default): a fresh secret seed per run,
     # which amplification by subsampling assumes. Fix it only for reproducible tests.
     sampling_seed: int | None = None
@@ -69,7 +69,7 @@ class DpSgdConfig(StrictConfig):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     gpu_strategy: Literal["ddp", "fsdp2"] = "ddp"  # fsdp2 = opacus ghost_fsdp for 7B-class models
     stop_after_steps: int | None = Field(None, ge=1)  # testing only: simulate a kill after k steps
-    torch_threads: int | None = Field(None, ge=1)
+    torch_threads: Annotated[int | None, THREADS_CAP] = Field(None, ge=1)
     # The last DP stage of a pipeline: lower the noise until the ledger's composed total reaches its
     # budget (composition of several mechanisms is often sub-additive, so "what is left" undershoots).
     fill_budget: bool = False

@@ -19,11 +19,11 @@ import functools
 import string
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import Annotated, ClassVar, Protocol, runtime_checkable
 
 from pydantic import Field, model_validator
 
-from dpsynth_core.config import StrictConfig
+from dpsynth_core.config import TEXT_CHARS_CAP, StrictConfig
 from dpsynth_core.dpsgd.config import TrainExample
 from dpsynth_core.errors import ConfigError
 
@@ -69,7 +69,7 @@ class TableExampleSource(StrictConfig):
     prompt_template: str | None = None
     user_column: str | None = None  # set for user-level DP
     max_records: int | None = Field(None, ge=1)
-    max_chars: int = Field(20000, ge=1)
+    max_chars: Annotated[int, TEXT_CHARS_CAP] = Field(20000, ge=1)
 
     @model_validator(mode="after")
     def _template_fields(self) -> TableExampleSource:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from dpsynth_core.config import StrictConfig
+from dpsynth_core.config import (
+    BATCH_CAP, DELTA_CHECK, NEW_TOKENS_CAP, OUTPUT_ROWS_CAP, RECORDS_CAP, TEXT_CHARS_CAP, THREADS_CAP, StrictConfig, cap,
+)
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.privacy.reference_runs import is_infinite
 from dpsynth_core.resources import StageResources
@@ -24,8 +26,8 @@ class PLMConfig(StrictConfig):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(0.95, gt=0, le=1)
     seed: int = 0
-    batch_size: int = Field(16, ge=1)
-    num_threads: int = Field(1, ge=1)  # torch threads per PLM worker
+    batch_size: Annotated[int, BATCH_CAP] = Field(16, ge=1)
+    num_threads: Annotated[int, THREADS_CAP] = Field(1, ge=1)  # torch threads per PLM worker
     resources: StageResources | None = None  # Ray actor / replica request; default: num_threads CPUs, no GPU
     base_url: str | None = None  # openai backend
     api_key_env: str = "OPENAI_API_KEY"
@@ -50,9 +52,9 @@ class PEDataConfig(StrictConfig):
     classes: list[str] | None = None
     # M: expected size of the private working set, drawn from the file (minus the held-out rows) by
     # secret Bernoulli sampling at rate M / pool size; the whole pool when it has <= M rows.
-    num_private: int = Field(100, ge=2)
-    num_test: int = Field(250, ge=0)  # real held-out (owner-side evaluation), disjoint from the private pool
-    max_chars: int = Field(1500, ge=50)
+    num_private: Annotated[int, RECORDS_CAP] = Field(100, ge=2)
+    num_test: Annotated[int, cap(100_000, 'held-out texts embedded for evaluation')] = Field(250, ge=0)  # real held-out (owner-side evaluation), disjoint from the private pool
+    max_chars: Annotated[int, TEXT_CHARS_CAP] = Field(1500, ge=50)
     seed: int = 0  # the held-out split only (public, content-keyed); the private set is drawn secretly
     # Federated: each party's records in its own file (same columns); the held-out set and the private draw
     # come from their union and every record keeps its party. Sets federated_parties to len(party_paths).
@@ -78,18 +80,18 @@ class PEConfig(StrictConfig):
     dataset_name: str = "biorxiv"
     prompts: str = "biorxiv"  # bundled prompt folder name or a directory
     data: PEDataConfig
-    plms: list[PLMConfig] = Field(default_factory=lambda: [PLMConfig()], min_length=1)
+    plms: list[PLMConfig] = Field(default_factory=lambda: [PLMConfig()], min_length=1, max_length=32)
     embedder: str = "minilm"
     epsilon: float = Field(4.0, gt=0)  # .inf: a non-private reference run, only with not_private: true
     not_private: bool = False
     # The paper's delta (1e-5). "1/(M ln M)" is the small-M rule (2.2e-3 at M = 100: a weaker guarantee).
-    delta: float | Literal["1/(M ln M)"] = 1e-5
-    iterations: int = Field(2, ge=1)  # T noisy votes
-    num_synthetic: int = Field(50, ge=2)  # size of the final synthetic set
-    q: int = Field(8, ge=1)  # WASP Top-Q
+    delta: Annotated[float | Literal["1/(M ln M)"], DELTA_CHECK] = 1e-5
+    iterations: Annotated[int, cap(1000, 'noisy votes, each a full round of generation')] = Field(2, ge=1)  # T noisy votes
+    num_synthetic: Annotated[int, OUTPUT_ROWS_CAP] = Field(50, ge=2)  # size of the final synthetic set
+    q: Annotated[int, cap(1024, 'Top-Q votes per private record')] = Field(8, ge=1)  # WASP Top-Q
     # Refused unless true: a first vote where a class has < 2Q candidates (nearest and farthest sets overlap).
     allow_degenerate_votes: bool = False
-    select_per_class: int = Field(3, ge=1)  # WASP: S good and S bad examples per class
+    select_per_class: Annotated[int, cap(256, 'examples per class in each prompt')] = Field(3, ge=1)  # WASP: S good and S bad examples per class
     example_fraction: float = Field(0.5, gt=0, le=1)  # WASP: share of the S good / S bad drawn per prompt
     contrastive: bool = True  # False (ablation): prompts show the good examples only; the vote is unchanged
     # WASP PLM weights: the paper's w_k = sum_{i in D_k} s_i / (|D_k| / |D|) ("share_normalised"), the
@@ -98,8 +100,8 @@ class PEConfig(StrictConfig):
     threshold: float = 0.0  # Aug-PE: votes below this do not count (in vote units)
     weight_momentum: float = Field(0.0, ge=0, lt=1)  # extension (not in the paper): off by default
     weight_floor: float = Field(0.0, ge=0, lt=1)  # extension (not in the paper): off by default
-    max_new_tokens: int = Field(96, ge=1)
-    federated_parties: int = Field(1, ge=1)  # L > 1: each party adds N(0, (sigma/sqrt(L))^2)
+    max_new_tokens: Annotated[int, NEW_TOKENS_CAP] = Field(96, ge=1)
+    federated_parties: Annotated[int, cap(10_000, 'parties adding a noise share each')] = Field(1, ge=1)  # L > 1: each party adds N(0, (sigma/sqrt(L))^2)
     # One file split across the parties: non-IID Dirichlet(alpha) per class (the paper), or round_robin (i.i.d.)
     federated_split: Literal["dirichlet", "round_robin"] = "dirichlet"
     dirichlet_alpha: float = Field(1.0, gt=0)

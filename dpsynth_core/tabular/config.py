@@ -9,10 +9,13 @@ they point at are read from their source by whichever process needs them.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from dpsynth_core.config import StrictConfig, load_config
+from dpsynth_core.config import (
+    BATCH_CAP, OUTPUT_ROWS_CAP, RECORDS_CAP, SEQ_LEN_CAP, STEPS_CAP, THREADS_CAP, StrictConfig, cap, load_config,
+)
 from dpsynth_core.dpsgd.config import LoraSettings
 from dpsynth_core.resources import StageResources
 from dpsynth_core.storage import RunDirPath, require_durable_run_dir
@@ -24,15 +27,15 @@ class FairGenerationSettings(StrictConfig):
     max_dp_gap: float | None = Field(0.05, ge=0)
     max_eo_gap: float | None = Field(None, ge=0)
     target_rates: dict[str, float] | None = None  # optional target P(Y = pos | A = a) per group
-    warmup_rows: int = Field(50, ge=0)  # accept unconditionally until this many rows
+    warmup_rows: Annotated[int, OUTPUT_ROWS_CAP] = Field(50, ge=0)  # accept unconditionally until this many rows
 
 
 class GenerationSettings(StrictConfig):
-    num_rows: int = Field(1000, ge=1)
-    batch_size: int = Field(64, ge=1)
+    num_rows: Annotated[int, OUTPUT_ROWS_CAP] = Field(1000, ge=1)
+    batch_size: Annotated[int, BATCH_CAP] = Field(64, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    max_attempts_factor: float = Field(4.0, ge=1)
+    max_attempts_factor: Annotated[float, cap(100, 'generation attempts per wanted row')] = Field(4.0, ge=1)
     seed: int = 0
     fairness: FairGenerationSettings = Field(default_factory=FairGenerationSettings)
 
@@ -44,8 +47,8 @@ class DataSettings(StrictConfig):
     test_path: str | None = None  # for non-adult sources: the real test table
     # expected size of the private working set: each row of the file is kept independently with
     # probability train_rows / n, drawn from OS entropy (never a config seed); None = the whole file
-    train_rows: int | None = Field(None, ge=10)
-    test_rows: int | None = Field(None, ge=10)
+    train_rows: Annotated[int | None, RECORDS_CAP] = Field(None, ge=10)
+    test_rows: Annotated[int | None, RECORDS_CAP] = Field(None, ge=10)
     seed: int = 0  # post-processing and owner-side evaluation only (test subsample, TSTR models)
 
 
@@ -63,15 +66,15 @@ class SerializationSettings(StrictConfig):
 class TrainingSettings(StrictConfig):
     model: str = "smollm2-135m-instruct"
     lora: LoraSettings = Field(default_factory=LoraSettings)
-    steps: int = Field(30, ge=1)
-    expected_batch_size: int = Field(32, ge=1)
-    physical_batch_size: int = Field(16, ge=1)
+    steps: Annotated[int, STEPS_CAP] = Field(30, ge=1)
+    expected_batch_size: Annotated[int, cap(1_000_000, 'expected records per DP-SGD step')] = Field(32, ge=1)
+    physical_batch_size: Annotated[int, BATCH_CAP] = Field(16, ge=1)
     learning_rate: float = Field(2e-3, gt=0)
     max_grad_norm: float = Field(1.0, gt=0)
     clipping: str = "ghost"
-    max_seq_len: int = Field(128, ge=16)
+    max_seq_len: Annotated[int, SEQ_LEN_CAP] = Field(128, ge=16)
     seed: int = 0  # column order of the serialized rows (data-independent) and the LoRA init
-    torch_threads: int | None = 2
+    torch_threads: Annotated[int | None, THREADS_CAP] = Field(2, ge=1)
 
 
 class FairnessSettings(StrictConfig):
@@ -130,8 +133,8 @@ class AimConfig(TableRunConfig):
 
     name: str = "aim"
     output_dir: RunDirPath = Path("runs/aim")
-    bins: int = Field(16, ge=2)  # equal-width bins of numeric columns over their (public or DP) bounds
-    num_rows: int = Field(1000, ge=1)
+    bins: Annotated[int, cap(1024, 'bins per numeric column: AIM marginals grow with their product')] = Field(16, ge=2)  # equal-width bins of numeric columns over their (public or DP) bounds
+    num_rows: Annotated[int, OUTPUT_ROWS_CAP] = Field(1000, ge=1)
     sample_seed: int = 0  # sampling rows from the fitted model (post-processing) and their shuffle
 
 
