@@ -52,10 +52,10 @@ class VLLMBackend:
 
             raise ConfigError("backend 'vllm' needs the vllm package (make install-vllm here; '.[gpu]' on a GPU node)") from None
         from dpsynth_core.engines.adapters import adapter_kind, lora_rank
-        from dpsynth_core.engines.vllm_engine import merged_dir, quiet_vllm
+        from dpsynth_core.engines.vllm_engine import merged_dir, vllm_process_env
         from dpsynth_core.models import load_tokenizer, resolve_model_dir
 
-        quiet_vllm()
+        vllm_process_env()
         model_dir, rank, self.lora = str(resolve_model_dir(model)), None, None
         if adapter is not None:
             if adapter_kind(Path(adapter)) == "merged":

@@ -21,9 +21,14 @@ from dpsynth_core.privacy.randomness import secret_seed
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 
 
-def quiet_vllm() -> None:
+def vllm_process_env() -> None:
+    """Environment vLLM reads when it builds the engine (user settings win)."""
     # vLLM logs every engine argument at INFO; keep run output quiet unless asked otherwise.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # On a shared 2-core machine one engine step or the first load can outlast vLLM's defaults (300 s
+    # per step, 600 s to start; seen at load average 35): a slow step is not a dead engine.
+    os.environ.setdefault("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "3600")
+    os.environ.setdefault("VLLM_ENGINE_READY_TIMEOUT_S", "3600")
 
 
 def merged_dir(model: str, adapter_dir: Path) -> Path:
@@ -42,7 +47,7 @@ class VLLMEngine(TextEngine):
     backend = "vllm"
 
     def __init__(self, config: EngineConfig) -> None:
-        quiet_vllm()
+        vllm_process_env()
         from vllm import LLM
 
         from dpsynth_core.models import load_tokenizer, resolve_model_dir

