@@ -67,7 +67,8 @@ class BatchGenerateConfig(StrictConfig):
 
         return EngineConfig(model=self.model, adapter_dir=self.adapter_dir,
                             backend="hf" if self.logits_processor else self.engine,
-                            hf_batch_size=self.batch_size, torch_threads=max(1, int(self.cpus_per_actor)))
+                            hf_batch_size=self.batch_size, torch_threads=max(1, int(self.cpus_per_actor)),
+                            max_model_len=2048 + self.max_new_tokens)
 
 
 def load_prompts(config: BatchGenerateConfig) -> list[str]:

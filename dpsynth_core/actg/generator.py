@@ -105,7 +105,7 @@ def open_generator(base_model: str, adapter_dir: Path | None, settings: Generati
     from dpsynth_core.engines import EngineConfig, load_engine
 
     return load_engine(EngineConfig(model=base_model, adapter_dir=adapter_dir, backend=settings.engine,
-                                    hf_batch_size=settings.batch_size))
+                                    hf_batch_size=settings.batch_size, max_model_len=1024 + settings.max_new_tokens))
 
 
 # Prompts per engine call when generating through an engine: big enough for vLLM's continuous

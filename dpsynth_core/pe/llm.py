@@ -80,8 +80,9 @@ class LocalLLM(LLM):
 
         self.model_name = model
         self.name = name or model
+        # WASP / Aug-PE prompts carry several samples: room for long prompts under vLLM.
         self.engine = load_engine(EngineConfig(model=model, backend=engine, hf_batch_size=batch_size,
-                                               torch_threads=num_threads))
+                                               torch_threads=num_threads, max_model_len=4096))
         # Instruct models get their chat template, base models (Gemma-3-270M) continue the raw prompt.
         self.chat = bool(getattr(self.engine.tokenizer, "chat_template", None))
 
