@@ -30,8 +30,8 @@ class Plan:
     pipeline: str
     config: Path
     stages: list[str]
-    epsilon: float
-    delta: float
+    epsilon: float | None  # None: no privacy cost (post-processing of a DP model)
+    delta: float | None
     data: str
     rows: int
     output_dir: Path
@@ -40,8 +40,9 @@ class Plan:
         return "\n".join([
             f"pre-flight OK: {self.pipeline} ({self.config})",
             f"stages:     {' -> '.join(self.stages)}",
-            f"privacy:    epsilon {self.epsilon:g} at delta {self.delta:.3g}",
-            f"data:       {self.data}: {self.rows} rows, valid (owner-only figure)",
+            f"privacy:    epsilon {self.epsilon:g} at delta {self.delta:.3g}" if self.epsilon is not None
+            else "privacy:    none spent (post-processing of a DP model)",
+            f"data:       {self.data}: {self.rows} rows, valid" + (" (owner-only figure)" if self.epsilon is not None else ""),
             f"output dir: {self.output_dir.resolve()}",
             "nothing was written (--check)",
         ])

@@ -166,9 +166,24 @@ def run(config: BatchGenerateConfig) -> dict:
     return summary
 
 
-def main(config_path: Path, resume: bool = True) -> Path:
+def preflight(config_path: Path):
+    """Config, prompts and adapter checked before the output directory or Ray exists (`--check` prints it)."""
+    from dpsynth_core.preflight import Plan
+
     config = load_config(config_path, BatchGenerateConfig)
     require_durable_run_dir(config.output_dir, "output_dir")  # a submitted job must write to shared storage
+    if config.adapter_dir is not None and not Path(config.adapter_dir).is_dir():
+        raise ConfigError(f"{config_path}: field 'adapter_dir': {config.adapter_dir} is not a directory")
+    rows = len(load_prompts(config))
+    shards = (rows + config.shard_size - 1) // config.shard_size
+    stages = [f"{rows} generations in {shards} shard(s) of up to {config.shard_size} on {config.num_actors} actor(s)"]
+    return Plan("generate", Path(config_path), stages, None, None, str(config.prompts_file or "prompt in the config"),
+                rows, Path(config.output_dir))
+
+
+def main(config_path: Path, resume: bool = True) -> Path:
+    preflight(config_path)
+    config = load_config(config_path, BatchGenerateConfig)
     if not resume and config.output_dir.exists() and any(config.output_dir.glob("shard-*")):
         raise ConfigError(f"{config.output_dir}: already holds shards; remove it or run with resume")
     summary = run(config)

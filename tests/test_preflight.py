@@ -136,3 +136,16 @@ def test_train_check_writes_nothing(tmp_path, monkeypatch, capsys):
     assert code == 0, out
     assert "5 DP-SGD steps" in out and "epsilon 2" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.yaml"]
+
+
+def test_generate_check_and_a_missing_adapter_write_nothing(tmp_path, monkeypatch, capsys):
+    out_dir = tmp_path / "shards"
+    cfg = write_yaml(tmp_path / "g.yaml", {"prompt": "Write a sentence.", "num_rows": 30, "shard_size": 10,
+                                           "output_dir": str(out_dir)})
+    code, out = dpsynth(monkeypatch, capsys, "generate", "--config", str(cfg), "--check")
+    assert code == 0 and "30 generations in 3 shard(s)" in out and "none spent" in out
+    cfg = write_yaml(tmp_path / "g.yaml", {"prompt": "x", "adapter_dir": str(tmp_path / "nope"),
+                                           "output_dir": str(out_dir)})
+    code, out = dpsynth(monkeypatch, capsys, "generate", "--config", str(cfg))
+    assert code == 2 and "field 'adapter_dir'" in out
+    assert not out_dir.exists()
