@@ -117,15 +117,15 @@ class ServeHandleLLM(LLM):
         return self.submit(prompts, params).result()
 
     def where(self) -> dict:
-        """The nodes of this PLM's Serve replicas (Ray's state API)."""
-        from ray.util.state import list_actors
+        """The nodes of this PLM's Serve replicas (from the GCS actor table: no dashboard needed)."""
+        from ray._private.state import actors
 
         from serving.app import generator_deployment_name
 
-        replicas = list_actors(filters=[("state", "=", "ALIVE")], limit=10_000)
-        nodes = sorted({a.node_id for a in replicas if a.class_name.startswith("ServeReplica:")
-                        and a.class_name.endswith(":" + generator_deployment_name(self.deployment_name))})
-        return {"node_ids": nodes}
+        cls = f"ServeReplica:{self.app_name}:{generator_deployment_name(self.deployment_name)}"
+        nodes = {a["Address"]["NodeID"] for a in actors(actor_state_name="ALIVE").values()
+                 if a["ActorClassName"] == cls}
+        return {"node_ids": sorted(nodes)}
 
     def close(self) -> None:
         close_serve_plms(self.app_name)
