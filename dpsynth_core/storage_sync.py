@@ -46,7 +46,8 @@ LOCAL_STATE = ".dpsynth-sync.json"
 REMOTE_INDEX = ".dpsynth-sync/index.json"
 LEDGER_NAME = "ledger.sqlite"
 COMMIT_FILES = ("stages/*.done", "checkpoints/latest", "release/MANIFEST.json")  # uploaded last
-_SKIPPED = (LOCAL_STATE, ".dpsynth-sync/*", "*.tmp", "*/.*.tmp", ".ledger-*", "*-journal", "*-wal", "*-shm")
+_SKIPPED = (LOCAL_STATE, ".dpsynth-sync/*", "*.tmp", "*/.*.tmp", ".ledger-*", "*-journal", "*-wal", "*-shm",
+            ".lock")  # .lock: run_lock.py's flock file belongs to one machine
 ENDPOINT_ENV = ("DPSYNTH_STORAGE_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 
 
