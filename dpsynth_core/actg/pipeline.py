@@ -109,7 +109,8 @@ class ActgConfig(StrictConfig):
 
     name: str = "actg"
     mode: Literal["actg", "vanilla"] = "actg"
-    run_dir: RunDirPath | None = None     # default runs/<name>; a path or file:// URI (shared storage on a cluster)
+    # default runs/<name>; a path or file:// URI (shared storage on a cluster); key `output_dir` (was `run_dir`)
+    run_dir: RunDirPath | None = Field(None, alias="output_dir")
     data: DataSettings = Field(default_factory=DataSettings)
     schema_path: Path = Path("configs/schemas/biorxiv.yaml")
     privacy: PrivacySettings = Field(default_factory=PrivacySettings)

@@ -63,11 +63,11 @@ class TableExampleSource(StrictConfig):
     ``path`` must be readable where ``load()`` runs (on a cluster: a shared path)."""
 
     path: str
-    text_column: str  # the target text (loss is taken on it)
+    text_column: str = Field(alias="text_col")  # the target text (loss is taken on it); key `text_col`
     prompt_columns: list[str] = Field(default_factory=list)
     # e.g. "Category: {category}\n"; default: one "column: value" line per prompt column
     prompt_template: str | None = None
-    user_column: str | None = None  # set for user-level DP
+    user_column: str | None = Field(None, alias="user_col")  # set for user-level DP; key `user_col`
     max_records: int | None = Field(None, ge=1)
     max_chars: Annotated[int, TEXT_CHARS_CAP] = Field(20000, ge=1)
 

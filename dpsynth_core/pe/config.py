@@ -76,7 +76,8 @@ class PEConfig(StrictConfig):
     """WASP (``method: wasp``) or Aug-PE (``method: augpe``)."""
 
     method: Literal["wasp", "augpe"]
-    run_dir: RunDirPath = Path("runs/pe")  # a path or file:// URI (shared storage on a cluster)
+    # a path or file:// URI (shared storage on a cluster); key `output_dir` (was `run_dir`: config_keys)
+    run_dir: RunDirPath = Field(Path("runs/pe"), alias="output_dir")
     dataset_name: str = "biorxiv"
     prompts: str = "biorxiv"  # bundled prompt folder name or a directory
     data: PEDataConfig

@@ -43,13 +43,23 @@ class GenerationSettings(StrictConfig):
 class DataSettings(StrictConfig):
     """The private table and the real test table (owner-side evaluation only)."""
 
-    source: str = "adult"  # "adult" or a CSV/JSONL/Parquet path
+    source: str = "adult"  # "adult" or a CSV/JSONL/Parquet path (`path: FILE` says the same)
     test_path: str | None = None  # for non-adult sources: the real test table
     # expected size of the private working set: each row of the file is kept independently with
     # probability train_rows / n, drawn from OS entropy (never a config seed); None = the whole file
     train_rows: Annotated[int | None, RECORDS_CAP] = Field(None, ge=10)
     test_rows: Annotated[int | None, RECORDS_CAP] = Field(None, ge=10)
     seed: int = 0  # post-processing and owner-side evaluation only (test subsample, TSTR models)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _path_is_your_file(cls, data):
+        """``data.path: FILE``, the key every other pipeline uses for your data file, as ``source: FILE``."""
+        if isinstance(data, dict) and "path" in data:
+            if "source" in data:
+                raise ValueError("give data.path (your file) or data.source (adult), not both")
+            data = {**{k: v for k, v in data.items() if k != "path"}, "source": data["path"]}
+        return data
 
 
 class BudgetSplit(StrictConfig):
