@@ -39,11 +39,6 @@ def load_config(path: str | Path, cls: type[C]) -> C:
 
     check_renamed_keys(raw, cls, str(path))
     raw = resolve_input_paths(raw, path.parent)
-    from dpsynth_core.config_keys import check_renamed_keys
-    from dpsynth_core.config_paths import resolve_input_paths
-
-    check_renamed_keys(raw, cls, str(path))
-    raw = resolve_input_paths(raw, path.parent)
     try:
         return cls.model_validate(raw)
     except ValidationError as exc:
