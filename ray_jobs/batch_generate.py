@@ -186,7 +186,10 @@ def main(config_path: Path, resume: bool = True) -> Path:
     config = load_config(config_path, BatchGenerateConfig)
     if not resume and config.output_dir.exists() and any(config.output_dir.glob("shard-*")):
         raise ConfigError(f"{config.output_dir}: already holds shards; remove it or run with resume")
-    summary = run(config)
+    from dpsynth_core.storage_sync import synced_run
+
+    with synced_run(config.output_dir):  # s3:// / gs://: shards already in the bucket are pulled (skipped)
+        summary = run(config)
     print(json.dumps(summary))
     return config.output_dir
 
