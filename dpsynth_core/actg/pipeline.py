@@ -34,15 +34,12 @@ complete, never re-charged silently. The DP-SGD engine itself resumes from its c
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import Field, field_validator, model_validator
 
 from dpsynth_core.actg.anchored_rl import AnchoredRLConfig
@@ -52,7 +49,10 @@ from dpsynth_core.actg.generator import GenerationSettings
 from dpsynth_core.config import OUTPUT_ROWS_CAP, RECORDS_CAP, TEXT_CHARS_CAP, THREADS_CAP, StrictConfig, cap, load_config
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.files import atomic_write_text
+from dpsynth_core.release import release_dir
 from dpsynth_core.resources import PipelineResources
+from dpsynth_core.run_lock import locked_run
+from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir
 from dpsynth_core.storage import RunDirPath
 
 STAGES_ACTG = ["schema", "private", "generate", "best_of_n", "anchored_rl", "synthesize", "evaluate"]
@@ -182,12 +182,13 @@ def load_actg_config(path: str | Path) -> ActgConfig:
 # ---------------------------------------------------------------------------------------------
 # run directory
 # ---------------------------------------------------------------------------------------------
-class RunDir:
-    """Paths and completion markers of one run."""
+class RunDir(StageMarkers):
+    """Paths and completion markers (``runs.StageMarkers``) of one run."""
 
     def __init__(self, root: Path) -> None:
+        super().__init__(root)
         self.root = Path(root)
-        self.stages = self.root / "stages"
+        self.stages = self.dir
 
     # outputs
     schema = property(lambda self: self.root / "schema.yaml")
@@ -199,18 +200,6 @@ class RunDir:
     synthetic = property(lambda self: self.root / "synthetic.jsonl")
     metrics = property(lambda self: self.root / "metrics.json")
     plots = property(lambda self: self.root / "plots")
-
-    def marker(self, stage: str) -> Path:
-        return self.stages / f"{stage}.done"
-
-    def done(self, stage: str) -> bool:
-        return self.marker(stage).is_file()
-
-    def summary(self, stage: str) -> dict:
-        return json.loads(self.marker(stage).read_text()) if self.done(stage) else {}
-
-    def mark(self, stage: str, summary: dict) -> None:
-        atomic_write_text(self.marker(stage), json.dumps({"stage": stage, **summary}, indent=2, default=str))
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -238,26 +227,10 @@ def local_runner(fn: Callable[..., dict], *args, isolated: bool = False) -> dict
 
 
 def prepare_run_dir(cfg: ActgConfig, resume: bool) -> Path:
-    """Create (or reopen) the run directory; ``resume=False`` moves an old one aside."""
-    root = cfg.resolved_run_dir()
-    snapshot = yaml.safe_dump(json.loads(cfg.model_dump_json()), sort_keys=True)
-    if root.exists() and not resume:
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-        os.replace(root, root.with_name(f"{root.name}.prev-{stamp}"))
-    if root.exists() and (root / "config.yaml").is_file():
-        old = (root / "config.yaml").read_text(encoding="utf-8")
-        if _without_stop(old) != _without_stop(snapshot):
-            raise ConfigError(f"{root}: this run directory was made with a different config; "
-                              "re-run with --fresh (the old run is kept aside) or set another run_dir")
-    root.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(root / "config.yaml", snapshot)
-    return root
-
-
-def _without_stop(snapshot: str) -> dict:
-    raw = yaml.safe_load(snapshot) or {}
-    raw.pop("stop_after_stage", None)
-    return raw
+    """Create, reopen or (``resume=False``) replace the run directory: the rerun rule of ``runs.py``
+    (``stop_after_stage`` is a test knob, not part of the run's identity)."""
+    return open_run_dir(cfg.resolved_run_dir(), cfg.model_dump(mode="json"), resume=resume,
+                        ignore=("stop_after_stage",))
 
 
 def open_or_create_ledger(cfg: ActgConfig, root: Path):
@@ -272,9 +245,13 @@ def open_or_create_ledger(cfg: ActgConfig, root: Path):
     return PrivacyLedger.create(root, dataset=cfg.name, epsilon_budget=cfg.privacy.epsilon, delta=delta)
 
 
+@locked_run(lambda cfg, **_: cfg.resolved_run_dir())  # one process per run (run_lock.py)
 def run_pipeline(cfg: ActgConfig, *, resume: bool = True, runner: Runner = local_runner) -> Path:
     """Run every stage not yet completed; return the run directory."""
     root = prepare_run_dir(cfg, resume)
+    if all(RunDir(root).done(s) for s in cfg.stages) and release_dir(root).is_dir():
+        announce_finished(root)
+        return root
     open_or_create_ledger(cfg, root)
     for name in cfg.stages:
         rd = RunDir(root)

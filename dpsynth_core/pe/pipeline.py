@@ -10,11 +10,9 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from dpsynth_core.config import load_config
 from dpsynth_core.errors import ConfigError
@@ -28,6 +26,8 @@ from dpsynth_core.pe.evaluate import evaluate_synthetic
 from dpsynth_core.pe.llm import LLM
 from dpsynth_core.pe.prompts import load_prompts
 from dpsynth_core.pe.runner import PERunner, PrivateData
+from dpsynth_core.run_lock import locked_run
+from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir
 
 log = logging.getLogger(__name__)
 LLMFactory = Callable[[Sequence[PLMConfig]], list[LLM]]
@@ -40,20 +40,10 @@ def load_pe_config(path: str | Path, method: str) -> PEConfig:
     return cfg
 
 
-def prepare_run_dir(cfg: PEConfig, config_text: str, resume: bool) -> Path:
-    """``cfg.run_dir``; with ``resume=False`` and an existing run there, a new timestamped dir.
-    Resuming with a different config is refused (it would mix two runs' privacy accounting)."""
-    run_dir = Path(cfg.run_dir)
-    if not resume and run_dir.exists() and any(run_dir.iterdir()):
-        run_dir = run_dir.with_name(f"{run_dir.name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    saved = run_dir / "config.yaml"
-    if saved.is_file():
-        if yaml.safe_load(saved.read_text(encoding="utf-8")) != yaml.safe_load(config_text):
-            raise ConfigError(f"{saved}: the run directory holds a run with a different config; use --fresh")
-    else:
-        atomic_write_text(saved, config_text)
-    return run_dir
+def prepare_run_dir(cfg: PEConfig, resume: bool) -> Path:
+    """``cfg.run_dir`` under the rerun rule of ``runs.py``: another config there is refused (it would
+    mix two runs' privacy accounting), naming the changed keys; ``resume=False`` moves an old run aside."""
+    return open_run_dir(Path(cfg.run_dir), cfg.model_dump(mode="json"), resume=resume)
 
 
 def resolve_delta(cfg: PEConfig) -> float:
@@ -173,13 +163,17 @@ def run_baselines(cfg: PEConfig, run_dir: Path, llms: Sequence[LLM], embedding: 
     return {"zero_shot": zero_shot, "private_only": private_only}
 
 
+@locked_run(lambda config_path, method, *_, **__: load_pe_config(config_path, method).run_dir)  # one process per run
 def run_pipeline(config_path: str | Path, method: str, make_llms: LLMFactory, resume: bool = True,
                  callbacks: Sequence[Callback] = ()) -> Path:
     """Everything a driver does; returns the run directory (synthetic.jsonl, metrics.json,
     ledger.sqlite, checkpoints/, metrics.jsonl, plm_weights.png)."""
     config_path = Path(config_path)
     cfg = load_pe_config(config_path, method)
-    run_dir = prepare_run_dir(cfg, config_path.read_text(encoding="utf-8"), resume)
+    run_dir = prepare_run_dir(cfg, resume)
+    if StageMarkers(run_dir).done(method):
+        announce_finished(run_dir)
+        return run_dir
     private, test_texts, test_labels, classes = split_data(cfg)
     embedding = SentenceEmbedding(cfg.embedder)
     llms = make_llms(cfg.plms)
@@ -217,4 +211,5 @@ def run_pipeline(config_path: str | Path, method: str, make_llms: LLMFactory, re
     plot = run_dir / "plm_weights.png"  # from noisy votes only: post-processing
     write_release(run_dir, {"synthetic.jsonl": run_dir / "synthetic.jsonl", **({plot.name: plot} if plot.is_file() else {})},
                   ledger=ledger, method=method)
+    StageMarkers(run_dir).mark(method)  # finished: a rerun says so and does nothing (runs.py)
     return run_dir

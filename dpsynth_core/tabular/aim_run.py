@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from dpsynth_core.files import atomic_write_text
+from dpsynth_core.run_lock import locked_run
 from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir
 from dpsynth_core.tabular import private_data
 from dpsynth_core.tabular.config import AimConfig
@@ -67,6 +68,7 @@ def stage_release(cfg: AimConfig, run: Path) -> dict:
     return {"files": sorted(items)}
 
 
+@locked_run(lambda cfg, **_: cfg.run_dir())  # one process per run (run_lock.py)
 def run_aim(cfg: AimConfig, *, resume: bool = True) -> Path:
     """Run every AIM stage not yet finished (in this process); return the run directory."""
     from dpsynth_core.privacy import PrivacyLedger

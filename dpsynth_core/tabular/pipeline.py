@@ -34,6 +34,7 @@ import pandas as pd
 
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.files import atomic_write_text
+from dpsynth_core.run_lock import locked_run
 from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir
 from dpsynth_core.tabular import private_data
 from dpsynth_core.tabular.config import DpFairConfig, TableRunConfig
@@ -240,6 +241,7 @@ def _wanted(cfg: DpFairConfig, schema: TableSchema) -> list[str]:
     return [s for s in STAGES if s not in skip]
 
 
+@locked_run(lambda cfg, **_: cfg.run_dir())  # one process per run (run_lock.py)
 def run_dpfair(cfg: DpFairConfig, *, resume: bool = True, runner: Runner = local_runner) -> Path:
     """Run every DPFairLLM stage not yet finished; return the run directory.
 
