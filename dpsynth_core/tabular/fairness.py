@@ -1,24 +1,34 @@
-"""Fairness regularizers for DP-SGD that keep per-record influence bounded.
+"""Fairness regularizers for DP-SGD that close the group gap without flattening the label.
 
-Notation: row i has sensitive value a_i and label y_i; p_i = p_theta(Y | tokens of row i before
-the label) is the generator's distribution over the label's first tokens (renormalised over the
-labels), read off the logits that predict the label's first token.
+Notation: row i has sensitive value a_i, label y_i and n_i target tokens (the LM loss of a row is
+the MEAN of its n_i token cross-entropies, ``dpsgd.data.per_example_loss``); p_i = p_theta(Y | row i
+before the label) is the generator's distribution over the labels' first tokens (renormalised over
+the labels); q(Y | x, a) is the data's label distribution in context (x, a). From a public or
+DP-estimated |A| x |Y| table: r[a, y] = P(y | a), t[y] = P(y) (or a user-given target), and
+w[a, y] = P(y) / P(y | a).
 
-Two per-example terms, weights lambda1 (demographic parity) and lambda2 (equalized odds):
+* **DP term (group shift)**  ``(lambda_dp / n_i) * sum_y (r[a_i, y] - t[y]) * log p_i(y)``.
+  With the label token's own cross entropy (weight 1 / n_i in the row's mean) the gradient in the
+  label logits is (p - q + lambda_dp c_a) / n_i, with c_a = r[a] - t (sum_y c_a[y] = 0), so the
+  per-context optimum is  p*(y | x, a) = q(y | x, a) - lambda_dp (r[a, y] - t[y]):  a constant
+  shift per group. Averaged over group a, P(Y | A = a) = (1 - lambda_dp) r[a] + lambda_dp t, so the
+  demographic-parity gap is multiplied by (1 - lambda_dp) (lambda_dp = 1 closes it), while
+  p*(y | x, a) - p*(y | x', a) = q(y | x, a) - q(y | x', a): the label keeps its dependence on the
+  other features. (The 1 / n_i makes lambda mean exactly this whatever the row's token count.)
+  log p is floored at log(1e-4), so the term is bounded and a context whose q is below the shift
+  is left at the floor (there the group rate moves less than the formula says).
+* **EO term (reweighing)**  ``(k_i / n_i) * (-log p_i(y_i))`` with k_i = max(-1, lambda_eo (w[a_i, y_i] - 1)):
+  the label token's cross entropy reweighed by 1 + k >= 0 (Kamiran-Calders at lambda_eo = 1), whose
+  optimum tilts each group's label odds by a constant factor, p*(y | x, a) proportional to
+  (1 + k[a, y]) q(y | x, a) (again x keeps its effect); bounded below (the total weight of the
+  label token never turns negative). It targets P(Y | A) independence, not the equalized-odds gap P(Y_hat | A, Y) itself;
+  equalized odds is enforced at generation time (``generation.GapTracker``).
 
-* **DP term**  ``lambda1 * CE(t, p_i) = -lambda1 * sum_y t_y log p_i(y)`` pulls every row's
-  P(Y | A, row) toward one group-independent target distribution t (the public or DP-estimated
-  P(Y), or a user-given target). With the likelihood term the per-context optimum is the mixture
-  p* = (P_data(Y|x) + lambda1 t) / (1 + lambda1), so the generator's group rates
-  P(Y=1 | A=a) move toward t and the demographic-parity gap shrinks by 1 / (1 + lambda1).
-* **EO term**  ``lambda2 * (w[a_i, y_i] - 1) * (-log p_i(y_i))``: Kamiran-Calders reweighing of the
-  label token with w[a, y] = P(y) / P(y | a) (from the public or DP-estimated |A| x |Y| table). The
-  weighted data have Y independent of A, so the label's dependence on A given the other features
-  is weakened, which is what the equalized-odds gap of a downstream classifier measures. w is
-  clipped to [0, w_max] so each term stays bounded.
+The old DP term, lambda * CE(t, p_i) for every row, had the optimum (q + n_i lambda t) / (1 + n_i lambda):
+every context pulled to one global t, which erased P(Y | x) (TSTR F1 ~ 0 at epsilon = 4).
 
-**Privacy argument.** Each term is a function of row i's own tokens and of constants (t, w) that
-are either public or released by an accounted DP mechanism
+**Privacy argument.** Each term is a function of row i's own tokens and of constants (r, t, w)
+that are either public or released by an accounted DP mechanism
 (:func:`dpsynth_core.tabular.dp_domain.dp_group_label_table`, a Gaussian histogram recorded in the
 ledger); using a DP release is post-processing. No term looks at any other row of the batch (no
 batch group means), so the per-example loss l_i = LM_i + penalty_i is a function of record i
@@ -40,6 +50,9 @@ from dpsynth_core.tabular.constrained import RowConstraint
 from dpsynth_core.tabular.schema import TableSchema
 
 
+LOG_FLOOR = -9.21  # log(1e-4): the DP term stops pushing a label's probability below this
+
+
 @dataclass
 class FairnessTargets:
     """Constants of the regularizers (public or DP-estimated, never raw private statistics)."""
@@ -48,24 +61,32 @@ class FairnessTargets:
     labels: list[str]
     target_y: dict[str, float]  # t: group-independent target P(Y)
     weights: dict[str, dict[str, float]]  # w[a][y] = P(y) / P(y | a)
+    group_rates: dict[str, dict[str, float]] | None = None  # r[a][y] = P(y | a); None: t (no shift)
 
     @classmethod
     def from_counts(
         cls, counts: dict[str, dict[str, float]], sensitive: str, *, target_y: dict[str, float] | None = None, w_max: float = 5.0
     ) -> FairnessTargets:
-        """Build t and w from a (DP-estimated or public) contingency table counts[a][y]."""
+        """Build t, r and w from a (DP-estimated or public) contingency table counts[a][y]."""
         groups = list(counts)
         labels = list(next(iter(counts.values())))
-        total = sum(counts[a][y] for a in groups for y in labels)
-        p_y = {y: sum(counts[a][y] for a in groups) / total for y in labels}
-        weights = {}
+        total = sum(max(counts[a][y], 0.0) for a in groups for y in labels)
+        p_y = {y: sum(max(counts[a][y], 0.0) for a in groups) / total for y in labels}
+        weights, rates = {}, {}
         for a in groups:
-            n_a = sum(counts[a].values())
-            weights[a] = {y: float(min(w_max, p_y[y] / max(counts[a][y] / n_a, 1e-6))) for y in labels}
+            n_a = sum(max(v, 0.0) for v in counts[a].values())
+            rates[a] = {y: (max(counts[a][y], 0.0) / n_a if n_a > 0 else p_y[y]) for y in labels}
+            weights[a] = {y: float(min(w_max, p_y[y] / max(rates[a][y], 1e-6))) for y in labels}
         t = dict(target_y) if target_y else p_y
         if set(t) != set(labels) or abs(sum(t.values()) - 1.0) > 1e-6:
             raise ConfigError(f"fairness target_y must give a probability for each label {labels} summing to 1")
-        return cls(sensitive=sensitive, labels=labels, target_y=t, weights=weights)
+        return cls(sensitive=sensitive, labels=labels, target_y=t, weights=weights, group_rates=rates)
+
+    def shift(self, group: str) -> dict[str, float]:
+        """c[a] = r[a] - t: the per-group shift of the DP term (sums to 0 over the labels)."""
+        if not self.group_rates or group not in self.group_rates:
+            return {y: 0.0 for y in self.labels}
+        return {y: self.group_rates[group][y] - self.target_y[y] for y in self.labels}
 
 
 class FairnessPenalty:
@@ -89,7 +110,6 @@ class FairnessPenalty:
         if len(set(firsts)) != len(firsts):
             raise ConfigError(f"target '{schema.target}': labels must start with distinct tokens for the fairness penalty")
         self.label_first = torch.tensor(firsts)
-        self.t = torch.tensor([targets.target_y[y] for y in self.labels], dtype=torch.float32)
         self.groups = list(schema.column(targets.sensitive).categories or [])
         # The name tokens after the separator mark (" income", ":"), so a value whose last
         # punctuation BPE merged with the mark (e.g. "),") does not hide the next column; and the
@@ -129,6 +149,8 @@ class FairnessPenalty:
 
     def __call__(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
         input_ids, mask = batch["input_ids"], batch["attention_mask"]
+        # n_i: the tokens the row's LM loss averages over (labels != -100), see the module docstring
+        n_tokens = (batch["labels"] != -100).sum(dim=1).clamp(min=1).tolist() if "labels" in batch else [1] * logits.shape[0]
         out = torch.zeros(logits.shape[0], dtype=torch.float32, device=logits.device)
         for i in range(logits.shape[0]):
             ids = input_ids[i, : int(mask[i].sum())].tolist()
@@ -137,10 +159,15 @@ class FairnessPenalty:
                 continue
             y_pos, group, label = found
             logp = self.label_log_probs(logits, i, y_pos)
-            term = -self.lambda_dp * (self.t.to(logp.device) * logp).sum()
-            w = self.targets.weights[group][label]
-            term = term - self.lambda_eo * (w - 1.0) * logp[self.labels.index(label)]
-            out[i] = term
+            term = logp.new_zeros(())
+            if self.lambda_dp:
+                shift = self.targets.shift(group)
+                c = torch.tensor([shift[y] for y in self.labels], dtype=logp.dtype, device=logp.device)
+                term = term + self.lambda_dp * (c * logp.clamp(min=LOG_FLOOR)).sum()
+            if self.lambda_eo:
+                k = max(-1.0, self.lambda_eo * (self.targets.weights[group][label] - 1.0))
+                term = term - k * logp[self.labels.index(label)]
+            out[i] = term / n_tokens[i]
         return out
 
 
