@@ -112,7 +112,7 @@ class CachedEmbedding:
 def _config(base: dict, overrides: dict, seed: int, run_dir: Path, num_synthetic: int):
     from dpsynth_core.pe.config import PEConfig
 
-    return PEConfig.model_validate({**base, **overrides, "seed": seed, "run_dir": str(run_dir),
+    return PEConfig.model_validate({**base, **overrides, "seed": seed, "output_dir": str(run_dir),
                                     "num_synthetic": num_synthetic, "evaluate": False, "baselines": False})
 
 

@@ -88,7 +88,8 @@ def trial_config(base: dict, overrides: dict[str, Any], params: dict[str, Any], 
     config = copy.deepcopy(base)
     for key, value in {**overrides, **params}.items():
         set_dotted(config, key, value)
-    config["run_dir"] = str(run_dir)
+    config.pop("run_dir", None)  # the old key name (config_keys); a base config may use either
+    config["output_dir"] = str(run_dir)
     return config
 
 
