@@ -19,6 +19,11 @@ from dpsynth_core.tabular.serialize import RowSerializer
 Pattern = list[str]  # one alternative: one character class per digit position
 
 
+def _escape(text: str) -> str:
+    # re.escape writes a space as "\\ ", which xgrammar's regex parser warns about; a plain space means the same.
+    return re.escape(text).replace("\\ ", " ")
+
+
 def _class(lo: str, hi: str) -> str:
     if lo == hi:
         return lo
@@ -67,12 +72,29 @@ def number_regex(col: ColumnSpec) -> str:
 
 def value_regex(col: ColumnSpec) -> str:
     if col.is_categorical:
-        return "(" + "|".join(re.escape(c) for c in col.categories or []) + ")"
+        return "(" + "|".join(_escape(c) for c in col.categories or []) + ")"
     return number_regex(col)
 
 
 def row_regex(serializer: RowSerializer, order: Sequence[str]) -> str:
     """Every row text ``serializer.to_text(row, order)`` can produce, and nothing else."""
     schema = serializer.schema
-    return "".join(re.escape(serializer.name_segment(i, name)) + " " + value_regex(schema.column(name))
+    return "".join(_escape(serializer.name_segment(i, name)) + " " + value_regex(schema.column(name))
                    for i, name in enumerate(order))
+
+
+def _longest_value(col: ColumnSpec) -> str:
+    if col.is_categorical:
+        return max(col.categories or [""], key=lambda c: len(c.encode()))
+    lo, hi = col.grid_bounds()
+    return max((f"{k / 10**col.decimals:.{col.decimals}f}" for k in (lo, hi)), key=len)
+
+
+def max_row_tokens(serializer: RowSerializer, order: Sequence[str]) -> int:
+    """A token budget no tokenization of a row can exceed: its longest text in bytes (a token is at
+    least one byte), plus one for the end of sequence. Structured outputs let the model pick any
+    tokenization the regex allows, so the HF processor's count of its own forced tokens is too small."""
+    schema = serializer.schema
+    longest = "".join(serializer.name_segment(i, name) + " " + _longest_value(schema.column(name))
+                      for i, name in enumerate(order))
+    return len(longest.encode()) + 1
