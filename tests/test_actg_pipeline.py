@@ -100,7 +100,7 @@ def test_pipeline_end_to_end_on_ray_with_resume(ray_session, tmp_path):
     run = tmp_path / "run"
     stages = run / "stages"
     done_before = {p.name: p.read_text() for p in stages.glob("*.done")}
-    assert set(done_before) == {f"{s}.done" for s in ["schema", "private", "features", "dp_generator",
+    assert set(done_before) == {f"{s}.done" for s in ["schema", "reward_model", "private", "features", "dp_generator",
                                                       "generate", "best_of_n"]}
     assert not (run / "synthetic.jsonl").exists()
     charged = [s for s in _ledger_stages(run) if s[1] != "post_processing"]
@@ -124,12 +124,25 @@ def test_pipeline_end_to_end_on_ray_with_resume(ray_session, tmp_path):
     for f in ["schema.yaml", "features.csv", "synthetic.jsonl", "ledger.sqlite", "metrics.json", "anchors.jsonl"]:
         assert (run / f).is_file(), f
     synthetic = [json.loads(line) for line in (run / "synthetic.jsonl").read_text().splitlines()]
-    assert len(synthetic) == 6 and all(set(r) == {"text", "attributes"} for r in synthetic)
+    assert len(synthetic) == 6 and all(set(r) == {"text", "attributes", "pool"} for r in synthetic)
+    # disjoint pools of features.csv rows: anchors (Best-of-N), RL prompts, evaluation (rows 0-1, 2-3, 4-5)
+    import pandas as pd
+
+    features = pd.read_csv(run / "features.csv", dtype=str, keep_default_na=False).to_dict("records")
+    assert [r["pool"] for r in synthetic] == ["anchor"] * 2 + ["rl"] * 2 + ["eval"] * 2
+    assert [json.loads(line)["attributes"] for line in (run / "anchors.jsonl").read_text().splitlines()] == features[:2]
+    assert pd.read_csv(run / "rl_prompts.csv", dtype=str, keep_default_na=False).to_dict("records") == features[2:4]
+    assert [json.loads(line)["attributes"] for line in (run / "plain_eval.jsonl").read_text().splitlines()] == \
+        features[4:]
     m = json.loads((run / "metrics.json").read_text())
     assert m["ledger"]["total_epsilon"] <= 4.0 + 1e-9 and m["ledger"]["total_epsilon"] > 2.0
     for k in ("plain_sampling", "best_of_n", "after_rl"):
         assert 0.0 <= m["ifacc"][k] <= 1.0
-    assert m["ifacc"]["best_of_n"] >= m["ifacc"]["plain_sampling"]
+    assert m["ifacc"]["best_of_n"] >= m["ifacc"]["best_of_n_plain"]
+    for system in ("actg", "actg_arl"):  # IFAcc by the judge (not the reward) and by the reward, eval pool only
+        s = m["systems"][system]
+        assert s["n_texts"] == 2 and 0.0 <= s["ifacc_judge"] <= 1.0 and 0.0 <= s["ifacc_reward"] <= 1.0
+        assert s["mauve"]["num_buckets"] >= 2 and len(s["mauve"]["values"]) == 3
     assert 0.0 < m["mauve"]["mauve"] <= 1.0
     assert 0.0 <= m["features"]["djs_1way_mean"] <= 1.0
     assert {"lengths.png", "ifacc.png", "rl_curve.png", "features_djs.png"} <= {p.name for p in (run / "plots").iterdir()}

@@ -4,7 +4,7 @@
     attrs = extractor.extract(texts)                 # [{field: option}, ...]
     scores = extractor.ifacc(texts, target_attrs)    # fraction of the K attributes recovered
 
-Three implementations:
+Three text implementations (plus ``columns`` and ``supervised`` in :mod:`dpsynth_core.actg.supervised`):
 * :class:`LMChoiceExtractor` - log-likelihood of each option given the text under an instruct
   model (SmolLM2 by default); the text prefix is encoded once and its KV cache reused for every
   field, and a field's options are scored in one batch; scores are length-normalised.
@@ -362,8 +362,11 @@ class ExtractorConfig(StrictConfig):
     """Which extractor to build. ``model``: a causal-LM name for ``lm``, an embedder name for
     ``embedding``, the served model id for ``openai``."""
 
-    kind: Literal["lm", "embedding", "openai"] = "embedding"
+    # columns: the records' own attribute columns (private attributes only; it scores no text);
+    # supervised: a classifier trained on public labeled rows (actg.supervised), loaded from model_dir
+    kind: Literal["lm", "embedding", "openai", "columns", "supervised"] = "embedding"
     model: str | None = None
+    model_dir: str | None = None  # supervised: the saved reward model (written by the reward_model stage)
     # lm
     max_text_tokens: Annotated[int, SEQ_LEN_CAP] = Field(256, ge=1)
     # embedding
@@ -390,6 +393,15 @@ def build_extractor(config: ExtractorConfig | dict | str, schema: AttributeSchem
         config = ExtractorConfig(kind=config)
     elif isinstance(config, dict):
         config = ExtractorConfig.model_validate(config)
+    if config.kind == "columns":
+        raise ConfigError("extractor kind 'columns' reads the records' own attribute columns and cannot score "
+                          "a text: set a text extractor for the reward (section 'reward')")
+    if config.kind == "supervised":
+        from dpsynth_core.actg.supervised import SupervisedExtractor
+
+        if not config.model_dir:
+            raise ConfigError("extractor kind 'supervised' needs 'model_dir' (a saved reward model)")
+        return SupervisedExtractor.load(config.model_dir, schema)
     if config.kind == "embedding":
         return EmbeddingExtractor(schema, embedder=config.model or "minilm", option_template=config.option_template)
     if config.kind == "lm":

@@ -165,7 +165,8 @@ def _distribution(frame: pd.DataFrame, cols: tuple[str, ...], domains: list[list
 def marginal_djs(real: pd.DataFrame, synth: pd.DataFrame, order: int = 1,
                  categories: dict[str, list[str]] | None = None,
                  columns: list[str] | None = None) -> dict:
-    """Jensen-Shannon distance (base 2, in [0, 1]) between real and synthetic ``order``-way
+    """Jensen-Shannon distance (scipy's default base e, in [0, sqrt(ln 2)] = [0, 0.833], the convention
+    of the ACTG-ARL reference's figures) between real and synthetic ``order``-way
     marginals. Returns ``{"order", "mean", "max", "per_marginal": {"a" or "a|b": d}}``.
     ``categories`` (e.g. ``schema.categories()``) fixes each column's domain; otherwise the
     union of the values seen in both tables is used."""
@@ -195,7 +196,7 @@ def marginal_djs(real: pd.DataFrame, synth: pd.DataFrame, order: int = 1,
     for cols in itertools.combinations(columns, order):
         p = _distribution(r, cols, [domains[c] for c in cols])
         q = _distribution(s, cols, [domains[c] for c in cols])
-        per["|".join(cols)] = float(np.nan_to_num(jensenshannon(p, q, base=2)))
+        per["|".join(cols)] = float(np.nan_to_num(jensenshannon(p, q)))
     values = list(per.values())
     return {"order": order, "mean": float(np.mean(values)), "max": float(np.max(values)),
             "per_marginal": per}

@@ -7,14 +7,18 @@
 Stages (``mode: actg``)::
 
     schema        copy the public schema                                     (no data)
+    reward_model  supervised reward: fit on the PUBLIC labeled rows only -> reward_model/ (not private data)
     private       load the private records; extract attributes (in memory only);
                     features      AIM synthetic attribute table under eps1  -> features.csv
                     dp_generator  DP-SGD LoRA on (attribute prompt -> text) under eps2 -> generator/
-    generate      N candidates per synthetic attribute row (plain sampling)  -> candidates.jsonl
-    best_of_n     IFAcc-scored, best kept -> anchors.jsonl                   (post-processing)
-    anchored_rl   RLOO + gamma(t) * SFT on anchors -> rl/adapter             (post-processing)
-    synthesize    one text per synthetic row from the RL policy -> synthetic.jsonl
-    evaluate      IFAcc, MAUVE, classifier, d_JS, length/repetition -> metrics.json, plots/
+    generate      the synthetic rows split into three disjoint pools (anchor / rl / eval, ``pools.py``);
+                  N candidates per anchor row -> candidates.jsonl; one plain sample per eval row
+                  (the ACTG row of the paper's table) -> plain_eval.jsonl; rl rows -> rl_prompts.csv
+    best_of_n     reward-scored, best kept -> anchors.jsonl                  (post-processing)
+    anchored_rl   RLOO (KL beta to the DP generator) + gamma(t) * SFT on anchors, rl rows only -> rl/adapter
+    synthesize    one text per synthetic row from the RL policy -> synthetic.jsonl (each tagged with its pool)
+    evaluate      on the eval pool only: IFAcc (judge) and IFAcc (reward), MAUVE, classifier, d_JS
+                  (base e), length/diversity -> metrics.json, plots/  (``evaluation.py``)
 
 ``mode: vanilla`` (the ablation) runs ``private`` without attributes (DP-SGD on unconditional
 prompts under the WHOLE epsilon), then ``synthesize`` and ``evaluate``.
@@ -34,7 +38,6 @@ complete, never re-charged silently. The DP-SGD engine itself resumes from its c
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,6 +49,8 @@ from dpsynth_core.actg.anchored_rl import AnchoredRLConfig
 from dpsynth_core.actg.data_split import load_private_split
 from dpsynth_core.actg.extractors import ExtractorConfig
 from dpsynth_core.actg.generator import GenerationSettings
+from dpsynth_core.actg.stages_post import (stage_anchored_rl, stage_best_of_n, stage_generate, stage_reward_model,
+                                           stage_synthesize)
 from dpsynth_core.config import OUTPUT_ROWS_CAP, RECORDS_CAP, TEXT_CHARS_CAP, THREADS_CAP, StrictConfig, cap, load_config
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.files import atomic_write_text
@@ -55,7 +60,7 @@ from dpsynth_core.run_lock import locked_run
 from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir
 from dpsynth_core.storage import RunDirPath
 
-STAGES_ACTG = ["schema", "private", "generate", "best_of_n", "anchored_rl", "synthesize", "evaluate"]
+STAGES_ACTG = ["schema", "reward_model", "private", "generate", "best_of_n", "anchored_rl", "synthesize", "evaluate"]
 STAGES_VANILLA = ["private", "synthesize", "evaluate"]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,6 +78,7 @@ class DataSettings(StrictConfig):
     n_eval: Annotated[int, cap(100_000, 'held-out texts embedded for evaluation')] = Field(200, ge=2)        # held-out real texts for evaluation (owner-side, disjoint)
     max_chars: Annotated[int, TEXT_CHARS_CAP] = Field(1500, ge=50)   # training targets are cut here (the model sees max_seq_len anyway)
     seed: int = 0                         # held-out split only (public); never the private selection
+    n_public: Annotated[int, RECORDS_CAP] = Field(0, ge=0)        # rows the owner declares public and labeled: train the supervised reward
     text_description: str = "bioRxiv preprint abstract"
 
 
@@ -90,6 +96,9 @@ class FeatureSettings(StrictConfig):
 
     n_synthetic: Annotated[int, OUTPUT_ROWS_CAP] = Field(50, ge=1)   # synthetic attribute rows = texts generated
     options: dict[str, Any] = Field(default_factory=dict)  # extra keyword arguments for features.py
+    # disjoint pools of the synthetic rows: Best-of-N anchors, RL prompts, the rest for evaluation
+    anchor_share: float = Field(1 / 3, gt=0, lt=1)
+    rl_share: float = Field(1 / 3, gt=0, lt=1)
 
 
 class BestOfNSettings(StrictConfig):
@@ -102,6 +111,8 @@ class EvaluationSettings(StrictConfig):
     mauve: bool = True
     classifier: bool = True
     embedder: str = "minilm"
+    # IFAcc judge, not the reward: TF-IDF classifier on the held-out labeled real rows (owner-side)
+    judge: Literal["tfidf", "none"] = "tfidf"
 
 
 class ActgConfig(StrictConfig):
@@ -114,7 +125,8 @@ class ActgConfig(StrictConfig):
     data: DataSettings = Field(default_factory=DataSettings)
     schema_path: Path = Path("configs/schemas/biorxiv.yaml")
     privacy: PrivacySettings = Field(default_factory=PrivacySettings)
-    extractor: ExtractorConfig = Field(default_factory=ExtractorConfig)
+    extractor: ExtractorConfig = Field(default_factory=ExtractorConfig)  # private attributes (stage private)
+    reward: ExtractorConfig | None = None   # Best-of-N and RL reward; None = the extractor (a text extractor)
     features: FeatureSettings = Field(default_factory=FeatureSettings)
     generator: dict[str, Any] = Field(default_factory=lambda: {"steps": 30})  # DpSgdConfig minus epsilon/delta
     prompt_template: str | None = None    # default: conditional (actg) / unconditional (vanilla)
@@ -137,6 +149,27 @@ class ActgConfig(StrictConfig):
                 raise ValueError(f"'{key}' comes from the 'privacy' section, not from 'generator'")
         DpSgdConfig.model_validate({**value, "epsilon": 1.0})  # same field errors as DpSgdConfig
         return value
+
+    @model_validator(mode="after")
+    def _reward_scores_text(self) -> ActgConfig:
+        reward = self.reward or self.extractor
+        if self.mode == "actg" and reward.kind == "columns":
+            raise ValueError("reward: 'columns' cannot score a synthetic text; set a text extractor "
+                             "(e.g. {kind: supervised} with data.n_public > 0)")
+        if self.mode == "actg" and reward.kind == "supervised" and self.data.n_public < 2:
+            raise ValueError("reward kind 'supervised' is trained on public labeled rows: set data.n_public >= 2")
+        if self.mode == "actg" and self.features.n_synthetic < 3:
+            raise ValueError("features.n_synthetic: ACTG needs >= 3 rows (disjoint anchor / rl / eval pools)")
+        if self.features.anchor_share + self.features.rl_share >= 1:
+            raise ValueError("features.anchor_share + features.rl_share must leave rows for evaluation (< 1)")
+        return self
+
+    def reward_config(self, root: Path | str) -> ExtractorConfig:
+        """The reward extractor; a supervised one is read from the run's reward_model/ directory."""
+        reward = self.reward or self.extractor
+        if reward.kind == "supervised":
+            return reward.model_copy(update={"model_dir": str(RunDir(Path(root)).reward_model)})
+        return reward
 
     @model_validator(mode="after")
     def _stop_stage(self) -> ActgConfig:
@@ -192,6 +225,9 @@ class RunDir(StageMarkers):
 
     # outputs
     schema = property(lambda self: self.root / "schema.yaml")
+    reward_model = property(lambda self: self.root / "reward_model")
+    plain_eval = property(lambda self: self.root / "plain_eval.jsonl")
+    rl_prompts = property(lambda self: self.root / "rl_prompts.csv")
     features = property(lambda self: self.root / "features.csv")
     generator = property(lambda self: self.root / "generator")
     candidates = property(lambda self: self.root / "candidates.jsonl")
@@ -319,7 +355,13 @@ def stage_private(cfg: ActgConfig, root: str) -> dict:
     if cfg.mode == "actg" and not (rd.done("features") and rd.done("dp_generator")):
         from dpsynth_core.actg.extractors import build_extractor
 
-        attrs = build_extractor(cfg.extractor, schema).extract(texts)  # private: stays in memory
+        if cfg.extractor.kind == "columns":  # the records' own labels (bioRxiv: the oracle's)
+            from dpsynth_core.actg.supervised import columns_attributes
+
+            attrs = columns_attributes(train, schema)  # private: stays in memory
+        else:
+            attrs = build_extractor(cfg.reward_config(rd.root) if cfg.extractor.kind == "supervised" else cfg.extractor,
+                                    schema).extract(texts)  # private: stays in memory
     if cfg.mode == "actg" and not rd.done("features"):
         rd.mark("features", _run_features(cfg, rd, schema, attrs, ledger))
     if not rd.done("dp_generator"):
@@ -389,189 +431,15 @@ def _prompts(cfg: ActgConfig, rd: RunDir, rows: list[dict] | None, count: int) -
     return [format_prompt(schema, r, template, text_description=cfg.data.text_description) for r in rows]
 
 
-def stage_generate(cfg: ActgConfig, root: str) -> dict:
-    """N candidates per synthetic attribute row from the DP generator (plain sampling)."""
-    from dpsynth_core.actg.best_of_n import record_post_processing
-    from dpsynth_core.actg.generator import generate_texts, open_generator
-    from dpsynth_core.privacy import PrivacyLedger
-
-    _threads(cfg)
-    rd = RunDir(Path(root))
-    rows = _synthetic_rows(cfg, rd)
-    n = cfg.best_of_n.n
-    if cfg.best_of_n.serve_app:
-        return {"candidates": "via serve", "n": n}  # generation happens inside stage_best_of_n
-    adapter = Path(rd.summary("dp_generator")["adapter_dir"])
-    with open_generator(cfg.dpsgd_config(1.0).model, adapter, cfg.generation) as engine:
-        cands = generate_texts(engine, None, _prompts(cfg, rd, rows, len(rows)), cfg.generation, n=n,
-                               desc=f"generating {n} candidates per row")
-    write_jsonl(rd.candidates, [{"attributes": r, "candidates": c} for r, c in zip(rows, cands)])
-    record_post_processing(PrivacyLedger.open(rd.root), "generate", {"rows": len(rows), "n": n})
-    return {"rows": len(rows), "n": n}
-
-
-def stage_best_of_n(cfg: ActgConfig, root: str) -> dict:
-    """IFAcc-score the candidates, keep the best -> anchors.jsonl (post-processing)."""
-    from dpsynth_core.actg.best_of_n import BestOfNResult, best_of_n_via_serve, record_post_processing, select_best
-    from dpsynth_core.actg.extractors import build_extractor
-    from dpsynth_core.privacy import PrivacyLedger
-
-    _threads(cfg)
-    rd = RunDir(Path(root))
-    schema = _schema(cfg, rd.root)
-    if cfg.best_of_n.serve_app:
-        from ray import serve
-
-        rows = _synthetic_rows(cfg, rd)
-        g = cfg.generation
-        result = best_of_n_via_serve(serve.get_app_handle(cfg.best_of_n.serve_app), _prompts(cfg, rd, rows, len(rows)),
-                                     rows, n=cfg.best_of_n.n, schema_path=str(rd.schema),
-                                     extractor_config=cfg.extractor.model_dump(), max_new_tokens=g.max_new_tokens,
-                                     temperature=g.temperature, top_p=g.top_p, seed=g.seed)
-    else:
-        data = read_jsonl(rd.candidates)
-        result = select_best([d["candidates"] for d in data], [d["attributes"] for d in data],
-                             build_extractor(cfg.extractor, schema))
-    assert isinstance(result, BestOfNResult)
-    write_jsonl(rd.anchors, result.anchors())
-    record_post_processing(PrivacyLedger.open(rd.root), "best_of_n", result.summary())
-    return result.summary()
-
-
-def stage_anchored_rl(cfg: ActgConfig, root: str) -> dict:
-    """Anchored RL from DP artifacts only (see anchored_rl.RLArtifacts); post-processing."""
-    from dpsynth_core.actg.anchored_rl import RLArtifacts, run_anchored_rl
-    from dpsynth_core.actg.best_of_n import record_post_processing
-    from dpsynth_core.privacy import PrivacyLedger
-
-    _threads(cfg)
-    rd = RunDir(Path(root))
-    artifacts = RLArtifacts(schema_path=rd.schema, attributes_path=rd.features, anchors_path=rd.anchors,
-                            base_model=cfg.dpsgd_config(1.0).model,
-                            adapter_dir=Path(rd.summary("dp_generator")["adapter_dir"]),
-                            prompt_template=cfg.template_text(), text_description=cfg.data.text_description,
-                            extractor=cfg.extractor.model_dump())
-    result = run_anchored_rl(artifacts, cfg.rl, rd.rl)
-    h = result.history
-    summary = {"adapter_dir": str(result.adapter_dir), "steps": len(h),
-               "reward_first": h[0]["reward"], "reward_last": h[-1]["reward"],
-               "reward_mean": sum(r["reward"] for r in h) / len(h),
-               "gamma_first": h[0]["gamma"], "gamma_last": h[-1]["gamma"]}
-    record_post_processing(PrivacyLedger.open(rd.root), "anchored_rl", summary)
-    return summary
-
-
-def stage_synthesize(cfg: ActgConfig, root: str) -> dict:
-    """The released synthetic texts: one per synthetic attribute row from the final policy
-    (after RL in ACTG mode; the DP generator with unconditional prompts in vanilla mode)."""
-    from dpsynth_core.actg.best_of_n import record_post_processing
-    from dpsynth_core.actg.generator import generate_texts, open_generator
-    from dpsynth_core.privacy import PrivacyLedger
-
-    _threads(cfg)
-    rd = RunDir(Path(root))
-    base = cfg.dpsgd_config(1.0).model
-    if cfg.mode == "actg":
-        rows = _synthetic_rows(cfg, rd)
-        adapter = Path(rd.summary("anchored_rl")["adapter_dir"])
-    else:
-        rows = None
-        adapter = Path(rd.summary("dp_generator")["adapter_dir"])
-    count = len(rows) if rows is not None else cfg.features.n_synthetic
-    settings = cfg.generation.model_copy(update={"seed": cfg.generation.seed + 1})  # fresh samples
-    with open_generator(base, adapter, settings) as engine:
-        texts = [c[0] for c in generate_texts(engine, None, _prompts(cfg, rd, rows, count), settings, n=1,
-                                              desc="synthesizing")]
-    out = [{"text": t, **({"attributes": r} if rows is not None else {})}
-           for t, r in zip(texts, rows if rows is not None else [None] * count)]
-    write_jsonl(rd.synthetic, out)
-    record_post_processing(PrivacyLedger.open(rd.root), "synthesize", {"texts": len(out)})
-    return {"texts": len(out)}
-
-
 def stage_evaluate(cfg: ActgConfig, root: str) -> dict:
-    """metrics.json + plots/. Reads held-out real texts: like any utility benchmark these numbers
-    sit outside the DP guarantee (for the researcher); only aggregates are written, no text."""
-    import pandas as pd
+    """metrics.json + plots/ (``actg.evaluation``): owner-side, outside the DP guarantee."""
+    from dpsynth_core.actg.evaluation import evaluate_run
 
-    from dpsynth_core.actg import features, text_eval
-    from dpsynth_core.actg.extractors import build_extractor, ifacc_scores
-    from dpsynth_core.models import load_embedder
-    from dpsynth_core.privacy import PrivacyLedger
-
-    _threads(cfg)
-    rd = RunDir(Path(root))
-    ev = cfg.evaluation
-    schema = _schema(cfg, rd.root)
-    held = load_private_split(cfg).held_out
-    real_texts = [str(t)[: cfg.data.max_chars] for t in held[cfg.data.text_col]]
-    synth = read_jsonl(rd.synthetic)
-    texts = [r["text"] for r in synth]
-    extractor = build_extractor(cfg.extractor, schema)
-    synth_x, real_x = extractor.extract(texts), extractor.extract(real_texts)
-    emb = load_embedder(ev.embedder)
-    m: dict[str, Any] = {"mode": cfg.mode, "name": cfg.name, "n_synthetic": len(texts), "n_real_eval": len(real_texts),
-                         "note": "evaluation uses held-out real texts; it is outside the DP guarantee"}
-    m["synthetic_stats"], m["real_stats"] = text_eval.text_stats(texts), text_eval.text_stats(real_texts)
-    if ev.mauve:
-        m["mauve"] = text_eval.mauve_score(real_texts, texts, embedder=emb)
-    lf = ev.label_field
-    real_labels = list(held[lf].astype(str)) if lf in held.columns else [r[lf] for r in real_x]
-    if ev.classifier:
-        m["downstream"] = {"label_field": lf, "real_labels": "oracle" if lf in held.columns else "extracted"}
-        m["downstream"]["synthetic_labels_extracted"] = text_eval.downstream_classifier(
-            texts, [r[lf] for r in synth_x], real_texts, real_labels, embedder=emb)
-        if cfg.mode == "actg":
-            m["downstream"]["synthetic_labels_conditioned"] = text_eval.downstream_classifier(
-                texts, [r["attributes"][lf] for r in synth], real_texts, real_labels, embedder=emb)
-    cats = schema.categories()
-    m["text_attribute_djs_1way"] = features.marginal_djs(pd.DataFrame(real_x), pd.DataFrame(synth_x), 1, cats)
-    if cfg.mode == "actg":
-        bon = rd.summary("best_of_n")
-        after = ifacc_scores(synth_x, [r["attributes"] for r in synth], schema.field_names)
-        m["ifacc"] = {"plain_sampling": bon["plain_ifacc"], "best_of_n": bon["best_of_n_ifacc"],
-                      "best_of_n_n": bon["n"], "after_rl": text_eval.ifacc_summary(after)["mean"],
-                      "after_rl_per_field": text_eval.per_field_accuracy(synth_x, [r["attributes"] for r in synth],
-                                                                         schema.field_names),
-                      "extractor": cfg.extractor.kind}
-        fs = rd.summary("features")
-        m["features"] = {k: fs.get(k) for k in ("epsilon", "rows", "djs_1way_mean", "djs_1way_max", "djs_2way_mean",
-                                                  "djs_2way_max", "djs_1way")}
-        m["anchored_rl"] = {k: v for k, v in rd.summary("anchored_rl").items() if k not in ("stage", "adapter_dir")}
-    m["dp_generator"] = {k: v for k, v in rd.summary("dp_generator").items() if k not in ("stage", "adapter_dir")}
-    m["ledger"] = PrivacyLedger.open(rd.root).to_dict()
-    m["plots"] = _plots(cfg, rd, real_texts, texts, m)
-    atomic_write_text(rd.metrics, json.dumps(m, indent=2, default=str))
-    return {"mauve": m.get("mauve", {}).get("mauve"), "ifacc_after_rl": m.get("ifacc", {}).get("after_rl")}
-
-
-def _plots(cfg: ActgConfig, rd: RunDir, real_texts: list[str], texts: list[str], m: dict) -> list[str]:
-    from dpsynth_core.actg import text_eval
-    from dpsynth_core.actg.anchored_rl import plot_rl_history
-    from dpsynth_core.actg.best_of_n import plot_ifacc_stages
-
-    out = [text_eval.plot_length_histograms(real_texts, texts, rd.plots / "lengths.png")]
-    out.append(text_eval.plot_marginal_djs(m["text_attribute_djs_1way"], rd.plots / "text_attribute_djs.png",
-                                           title="attributes extracted from texts: real vs synthetic"))
-    if cfg.mode == "actg":
-        f = m["features"]
-        out.append(text_eval.plot_marginal_djs({"order": 1, "mean": f["djs_1way_mean"], "per_marginal": f["djs_1way"]},
-                                               rd.plots / "features_djs.png", title="AIM features: 1-way d_JS"))
-        i = m["ifacc"]
-        out.append(plot_ifacc_stages({"plain": i["plain_sampling"], f"best-of-{i['best_of_n_n']}": i["best_of_n"],
-                                      "after RL": i["after_rl"]}, rd.plots / "ifacc.png"))
-        hist = rd.rl / "rl_history.json"
-        if hist.is_file():
-            out.append(plot_rl_history(json.loads(hist.read_text()), rd.plots / "rl_curve.png"))
-    curve = rd.generator / "training_curve.png"
-    if curve.is_file():
-        shutil.copyfile(curve, rd.plots / "dp_training_curve.png")
-        out.append(rd.plots / "dp_training_curve.png")
-    return [str(p) for p in out]
+    return evaluate_run(cfg, root)
 
 
 STAGE_FUNCTIONS: dict[str, Callable[[ActgConfig, str], dict]] = {
-    "schema": stage_schema, "private": stage_private, "generate": stage_generate,
+    "schema": stage_schema, "reward_model": stage_reward_model, "private": stage_private, "generate": stage_generate,
     "best_of_n": stage_best_of_n, "anchored_rl": stage_anchored_rl, "synthesize": stage_synthesize,
     "evaluate": stage_evaluate,
 }

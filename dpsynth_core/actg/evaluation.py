@@ -1,0 +1,204 @@
+"""ACTG's evaluate stage: each system of the run judged on the eval pool, against held-out real texts.
+
+Systems: ``vanilla`` (mode vanilla), or ``actg`` (plain samples of the DP generator) and
+``actg_arl`` (the RL policy's texts) on the SAME eval-pool rows, which neither Best-of-N nor RL saw.
+
+* IFAcc (judge): a TF-IDF classifier trained owner-side on the held-out real texts' labeled
+  attributes (the oracle columns on bioRxiv) -- not the reward model, so a policy that games the
+  reward shows up as IFAcc (reward) rising while IFAcc (judge) does not.
+* IFAcc (reward): the reward extractor, as Best-of-N and RL saw it.
+* d_JS (scipy's default base e, like the reference's figures; 1- and 2-way): judge-read attributes
+  of the synthetic texts vs the oracle attributes of the held-out real texts (``djs_text``), and
+  the DP feature table vs the real attributes (``features``, from the private stage).
+* MAUVE: the number of texts and k-means buckets are stated, and its spread over k-means seeds.
+* Downstream: train on synthetic (label = conditioned attribute, or the judge's read for vanilla),
+  test on the held-out real texts' oracle labels: macro-F1, accuracy, majority baseline.
+
+Reads held-out real texts: outside the DP guarantee, like any utility benchmark; only aggregates
+are written.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MAUVE_SEEDS = (1, 2, 3)
+
+
+def mauve_with_spread(real_texts, texts, emb) -> dict:
+    """MAUVE over k-means seeds: mean, sd, each value, n of each side and the bucket count."""
+    from dpsynth_core.actg import text_eval
+
+    runs = [text_eval.mauve_score(real_texts, texts, embedder=emb, seed=s) for s in MAUVE_SEEDS]
+    values = [r["mauve"] for r in runs]
+    return {"mauve": float(np.mean(values)), "sd_over_kmeans_seeds": float(np.std(values)), "values": values,
+            "kmeans_seeds": list(MAUVE_SEEDS), "n_real": runs[0]["n_real"], "n_synthetic": runs[0]["n_synthetic"],
+            "num_buckets": runs[0]["num_buckets"]}
+
+
+def djs(real_rows, synth_rows, cats) -> dict:
+    import pandas as pd
+
+    from dpsynth_core.actg import features
+
+    real, synth = pd.DataFrame(real_rows), pd.DataFrame(synth_rows)
+    one, two = features.marginal_djs(real, synth, 1, cats), features.marginal_djs(real, synth, 2, cats)
+    return {"1way_mean": one["mean"], "2way_mean": two["mean"], "1way": one["per_marginal"], "base": "e"}
+
+
+def system_metrics(texts, targets, *, real_texts, real_rows, judge, reward, emb, cats, fields, label_field,
+                   mauve: bool, classifier: bool) -> dict:
+    """Every metric of one system's texts (``targets``: the attribute rows they were asked for)."""
+    from dpsynth_core.actg import text_eval
+    from dpsynth_core.actg.extractors import ifacc_scores
+
+    m: dict[str, Any] = {"n_texts": len(texts), "stats": text_eval.text_stats(texts)}
+    judged = judge.extract(texts) if judge is not None else None
+    if targets is not None:
+        if judged is not None:
+            m["ifacc_judge"] = text_eval.ifacc_summary(ifacc_scores(judged, targets, fields))["mean"]
+            m["ifacc_judge_per_field"] = text_eval.per_field_accuracy(judged, targets, fields)["per_field"]
+        m["ifacc_reward"] = text_eval.ifacc_summary(reward.ifacc(texts, targets))["mean"]
+    if judged is not None and real_rows is not None:
+        m["djs_text"] = djs(real_rows, judged, cats)
+    if mauve:
+        m["mauve"] = mauve_with_spread(real_texts, texts, emb)
+    if classifier and real_rows is not None:
+        labels = [t[label_field] for t in targets] if targets is not None else (
+            [r[label_field] for r in judged] if judged is not None else None)
+        if labels is not None:
+            m["downstream"] = text_eval.downstream_classifier(texts, labels, real_texts,
+                                                              [r[label_field] for r in real_rows], embedder=emb)
+            m["downstream"]["labels"] = "conditioned" if targets is not None else "judge"
+    return m
+
+
+class CachedEmbedder:
+    """Embeds each distinct text once (MAUVE over several k-means seeds reuses the vectors)."""
+
+    def __init__(self, embedder) -> None:
+        self.embedder, self._cache = embedder, {}
+
+    def encode(self, texts, **kwargs):
+        todo = [t for t in dict.fromkeys(texts) if t not in self._cache]
+        if todo:
+            self._cache.update(zip(todo, self.embedder.encode(todo, **kwargs)))
+        return np.stack([self._cache[t] for t in texts])
+
+
+def evaluate_run(cfg, root: str) -> dict:
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"):  # sklearn / k-means: a contended BLAS pool is ~35x slower here
+        return _evaluate_run(cfg, root)
+
+
+def _evaluate_run(cfg, root: str) -> dict:
+    from dpsynth_core.actg.data_split import load_private_split
+    from dpsynth_core.actg.extractors import build_extractor
+    from dpsynth_core.actg.pipeline import RunDir, _schema, _threads, read_jsonl
+    from dpsynth_core.actg.supervised import SupervisedExtractor, columns_attributes
+    from dpsynth_core.files import atomic_write_text
+    from dpsynth_core.models import load_embedder
+    from dpsynth_core.privacy import PrivacyLedger
+
+    _threads(cfg)
+    rd = RunDir(Path(root))
+    ev = cfg.evaluation
+    schema = _schema(cfg, rd.root)
+    fields, cats = schema.field_names, schema.categories()
+    held = load_private_split(cfg).held_out
+    real_texts = [str(t)[: cfg.data.max_chars] for t in held[cfg.data.text_col]]
+    labeled = all(f in held.columns for f in fields)
+    real_rows = columns_attributes(held, schema) if labeled else None
+    judge = None
+    if ev.judge == "tfidf" and labeled:
+        judge = SupervisedExtractor.fit(real_texts, real_rows, schema, features="tfidf")
+    reward = build_extractor(cfg.reward_config(rd.root), schema) if cfg.mode == "actg" else None
+    emb = CachedEmbedder(load_embedder(ev.embedder))
+    common = dict(real_texts=real_texts, real_rows=real_rows, judge=judge, reward=reward, emb=emb, cats=cats,
+                  fields=fields, label_field=ev.label_field, mauve=ev.mauve, classifier=ev.classifier)
+    m: dict[str, Any] = {"mode": cfg.mode, "name": cfg.name, "n_real_eval": len(real_texts),
+                         "judge": "tfidf classifier on held-out labeled real texts" if judge else None,
+                         "reward": (cfg.reward or cfg.extractor).kind if reward else None,
+                         "note": "evaluation uses held-out real texts; it is outside the DP guarantee"}
+    m["real_stats"] = _text_stats(real_texts)
+    synth = read_jsonl(rd.synthetic)
+    if cfg.mode == "actg":
+        plain = read_jsonl(rd.plain_eval)
+        arl = [r for r in synth if r.get("pool") == "eval"]
+        m["systems"] = {
+            "actg": system_metrics([r["text"] for r in plain], [r["attributes"] for r in plain], **common),
+            "actg_arl": system_metrics([r["text"] for r in arl], [r["attributes"] for r in arl], **common)}
+        in_pool = [r for r in synth if r.get("pool") == "rl"]
+        bon = rd.summary("best_of_n")
+        m["ifacc"] = {"plain_sampling": m["systems"]["actg"]["ifacc_reward"], "best_of_n": bon["best_of_n_ifacc"],
+                      "best_of_n_plain": bon["plain_ifacc"], "best_of_n_n": bon["n"],
+                      "after_rl": m["systems"]["actg_arl"]["ifacc_reward"],
+                      "after_rl_judge": m["systems"]["actg_arl"].get("ifacc_judge"),
+                      "plain_judge": m["systems"]["actg"].get("ifacc_judge"),
+                      "after_rl_on_rl_prompts_reward": float(np.mean(reward.ifacc(
+                          [r["text"] for r in in_pool], [r["attributes"] for r in in_pool]))) if in_pool else None,
+                      "graded_on": "eval pool (rows no Best-of-N or RL step saw)"}
+        if real_rows is not None:  # how good each grader is, on labeled real texts it was not trained on
+            m["reward_agreement_on_heldout_real"] = _agreement(reward, real_texts, real_rows, fields)
+        fs = rd.summary("features")
+        m["features"] = {k: fs.get(k) for k in ("epsilon", "rows", "djs_1way_mean", "djs_1way_max", "djs_2way_mean",
+                                                  "djs_2way_max", "djs_1way")}
+        m["anchored_rl"] = {k: v for k, v in rd.summary("anchored_rl").items() if k not in ("stage", "adapter_dir")}
+    else:
+        m["systems"] = {"vanilla": system_metrics([r["text"] for r in synth], None, **common)}
+    main = m["systems"]["actg_arl" if cfg.mode == "actg" else "vanilla"]
+    m["mauve"] = main.get("mauve", {})
+    m["synthetic_stats"] = main["stats"]
+    m["dp_generator"] = {k: v for k, v in rd.summary("dp_generator").items() if k not in ("stage", "adapter_dir")}
+    m["ledger"] = PrivacyLedger.open(rd.root).to_dict()
+    m["plots"] = _plots(cfg, rd, real_texts, [r["text"] for r in synth], m)
+    atomic_write_text(rd.metrics, json.dumps(m, indent=2, default=str))
+    return {"mauve": m["mauve"].get("mauve"), "ifacc_after_rl_judge": m.get("ifacc", {}).get("after_rl_judge")}
+
+
+def _text_stats(texts):
+    from dpsynth_core.actg import text_eval
+
+    return text_eval.text_stats(texts)
+
+
+def _agreement(extractor, texts, rows, fields) -> float:
+    from dpsynth_core.actg import text_eval
+
+    return text_eval.per_field_accuracy(extractor.extract(texts), rows, fields)["mean"]
+
+
+def _plots(cfg, rd, real_texts: list[str], texts: list[str], m: dict) -> list[str]:
+    from dpsynth_core.actg import text_eval
+    from dpsynth_core.actg.anchored_rl import plot_rl_history
+    from dpsynth_core.actg.best_of_n import plot_ifacc_stages
+
+    out = [text_eval.plot_length_histograms(real_texts, texts, rd.plots / "lengths.png")]
+    main = m["systems"]["actg_arl" if cfg.mode == "actg" else "vanilla"]
+    if "djs_text" in main:
+        d = main["djs_text"]
+        out.append(text_eval.plot_marginal_djs({"order": 1, "mean": d["1way_mean"], "per_marginal": d["1way"]},
+                                               rd.plots / "text_attribute_djs.png",
+                                               title="attributes of texts (judge) vs held-out real (oracle)"))
+    if cfg.mode == "actg":
+        f = m["features"]
+        out.append(text_eval.plot_marginal_djs({"order": 1, "mean": f["djs_1way_mean"], "per_marginal": f["djs_1way"]},
+                                               rd.plots / "features_djs.png", title="DP features: 1-way d_JS"))
+        i = m["ifacc"]
+        out.append(plot_ifacc_stages({"plain": i["plain_sampling"], f"best-of-{i['best_of_n_n']}": i["best_of_n"],
+                                      "after RL": i["after_rl"]}, rd.plots / "ifacc.png"))
+        hist = rd.rl / "rl_history.json"
+        if hist.is_file():
+            out.append(plot_rl_history(json.loads(hist.read_text()), rd.plots / "rl_curve.png"))
+    curve = rd.generator / "training_curve.png"
+    if curve.is_file():
+        shutil.copyfile(curve, rd.plots / "dp_training_curve.png")
+        out.append(rd.plots / "dp_training_curve.png")
+    return [str(p) for p in out]

@@ -1,0 +1,141 @@
+"""ACTG as published: oracle columns, a public-data reward, a judge that is not the reward, pools, d_JS."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpsynth_core.actg.pipeline import ActgConfig
+from dpsynth_core.actg.schema import builtin_schema
+from dpsynth_core.errors import DataError
+
+
+@pytest.fixture(scope="module")
+def biorxiv():
+    from dpsynth_core.data import load_biorxiv
+
+    return load_biorxiv().head(150).reset_index(drop=True)
+
+
+@pytest.fixture(scope="module")
+def schema():
+    return builtin_schema("biorxiv")
+
+
+def test_columns_extractor_returns_the_oracle_labels(biorxiv, schema):
+    from dpsynth_core.actg.supervised import columns_attributes
+
+    rows = columns_attributes(biorxiv, schema)
+    assert rows == biorxiv[schema.field_names].to_dict("records")  # the oracle's labels, already options
+    with pytest.raises(DataError, match="model_organism"):
+        columns_attributes(biorxiv.drop(columns=["model_organism"]), schema)
+    with pytest.raises(ValueError, match="cannot score"):
+        ActgConfig(extractor={"kind": "columns"})  # the reward must read texts
+    with pytest.raises(ValueError, match="n_public"):
+        ActgConfig(extractor={"kind": "columns"}, reward={"kind": "supervised"})
+
+
+def test_reward_model_never_sees_private_rows(biorxiv, schema, tmp_path, monkeypatch):
+    """The reward is fitted on the public labeled rows only: public, held-out and private rows are
+    disjoint, and rewriting every non-public row (texts and labels) leaves its weights unchanged."""
+    from dpsynth_core.actg import data_split
+    from dpsynth_core.actg.pipeline import RunDir
+    from dpsynth_core.actg.stages_post import stage_reward_model
+
+    cfg = ActgConfig(data={"n_records": 40, "n_eval": 30, "n_public": 16, "max_chars": 200}, extractor={"kind": "columns"},
+                     reward={"kind": "supervised"}, features={"n_synthetic": 6})
+    frame = {"now": biorxiv.copy()}
+    monkeypatch.setattr(data_split, "load_frame", lambda c: frame["now"])
+    public = data_split.load_public_labeled(cfg)
+    private, held, _ = data_split.load_private_split(cfg)
+    keys = lambda f: set(f["abstract"])  # noqa: E731
+    assert len(public) == 16 and not keys(public) & keys(held) and not keys(public) & keys(private)
+    RunDir(tmp_path / "a").schema.parent.mkdir(parents=True)
+    schema.save(RunDir(tmp_path / "a").schema)
+    stage_reward_model(cfg, str(tmp_path / "a"))
+    # every row that is not public: another text, another label
+    poisoned = biorxiv.copy()
+    others = ~poisoned["abstract"].isin(keys(public) | keys(held))  # the private pool
+    poisoned.loc[others, "abstract"] = _texts_ranked_after(public["abstract"].tolist(), int(others.sum()))
+    poisoned.loc[others, "primary_research_area"] = "Paleontology"
+    frame["now"] = poisoned
+    (tmp_path / "b").mkdir()
+    schema.save(RunDir(tmp_path / "b").schema)
+    stage_reward_model(cfg, str(tmp_path / "b"))
+    a, b = (np.load(tmp_path / d / "reward_model" / "weights.npz") for d in ("a", "b"))
+    assert set(a.files) == set(b.files) and all(np.array_equal(a[k], b[k]) for k in a.files)
+
+
+def _texts_ranked_after(public_texts, count):
+    """Private-looking texts whose content keys rank after every public row, so the held-out and
+    public rows stay the same rows (the split ranks rows by content keys)."""
+    from dpsynth_core.privacy.randomness import content_rank_keys
+
+    cutoff = content_rank_keys(public_texts, 0).max()
+    out, i = [], 0
+    while len(out) < count:
+        text = f"PRIVATE secret record {i} about kinases"
+        if content_rank_keys([text], 0)[0] > cutoff:
+            out.append(text)
+        i += 1
+    return out
+
+
+class KeywordReward:
+    """A gameable reward: an attribute counts as present when its option string occurs in the text."""
+
+    def __init__(self, schema):
+        self.schema = schema
+
+    def ifacc(self, texts, targets):
+        return [float(np.mean([t[f] in x for f in self.schema.field_names])) for x, t in zip(texts, targets)]
+
+
+def test_judge_is_not_the_reward_and_catches_reward_hacking(biorxiv, schema):
+    """Texts that list the requested option strings score 1.0 under a keyword reward; the judge
+    (TF-IDF trained on labeled real texts) is not fooled, and real abstracts score well under it."""
+    from dpsynth_core.actg.evaluation import system_metrics
+    from dpsynth_core.actg.supervised import SupervisedExtractor, columns_attributes
+
+    train, test = biorxiv.iloc[:110], biorxiv.iloc[110:]
+    real_rows = columns_attributes(train, schema)
+    judge = SupervisedExtractor.fit(train["abstract"].tolist(), real_rows, schema, features="tfidf")
+    targets = columns_attributes(test, schema)
+    hacked = [" ".join(t.values()) for t in targets]
+    common = dict(real_texts=train["abstract"].tolist(), real_rows=real_rows, judge=judge,
+                  reward=KeywordReward(schema), emb=None, cats=schema.categories(), fields=schema.field_names,
+                  label_field="primary_research_area", mauve=False, classifier=False)
+    gamed = system_metrics(hacked, targets, **common)
+    honest = system_metrics(test["abstract"].tolist(), targets, **common)
+    assert gamed["ifacc_reward"] == 1.0
+    assert gamed["ifacc_judge"] < honest["ifacc_judge"]  # the judge prefers the real texts the reward ranks lower
+    assert honest["ifacc_reward"] < 1.0
+    assert 0.0 <= honest["djs_text"]["1way_mean"] <= math.sqrt(math.log(2))
+
+
+def test_pools_are_disjoint_and_cover_the_rows():
+    from dpsynth_core.actg.pools import pool_labels, pool_sizes
+
+    for n in (3, 6, 7, 50, 301):
+        labels = pool_labels(n, 1 / 3, 1 / 3)
+        assert len(labels) == n and set(labels) == {"anchor", "rl", "eval"}
+        idx = {p: {i for i, x in enumerate(labels) if x == p} for p in ("anchor", "rl", "eval")}
+        assert not idx["anchor"] & idx["rl"] and not idx["rl"] & idx["eval"] and not idx["anchor"] & idx["eval"]
+    assert pool_sizes(50, 0.2, 0.3) == {"anchor": 10, "rl": 15, "eval": 25}
+    with pytest.raises(ValueError):
+        pool_sizes(2, 1 / 3, 1 / 3)
+    with pytest.raises(ValueError, match="evaluation"):
+        ActgConfig(features={"anchor_share": 0.5, "rl_share": 0.5})
+
+
+def test_djs_uses_scipys_default_base_e():
+    """The reference's figures use scipy's jensenshannon default (natural log): disjoint supports
+    are at sqrt(ln 2) = 0.833, not 1 (base 2)."""
+    from dpsynth_core.actg.features import marginal_djs
+
+    a = pd.DataFrame({"x": ["u"] * 5})
+    b = pd.DataFrame({"x": ["v"] * 5})
+    assert marginal_djs(a, b, 1)["mean"] == pytest.approx(math.sqrt(math.log(2)))
