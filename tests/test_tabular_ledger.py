@@ -70,9 +70,11 @@ def _tiny_config(tmp_path: Path, **over) -> Path:
         "data": {"source": "adult", "train_rows": 160, "test_rows": 200, "seed": 0},
         "epsilon": 3.0, "budget": {"domain": 0.05, "fair_stats": 0.05},
         "training": {"model": "tiny-llama", "steps": 2, "expected_batch_size": 16, "physical_batch_size": 16,
-                     "learning_rate": 0.005, "max_seq_len": 64, "clipping": "hooks"},
+                     "learning_rate": 0.005, "max_seq_len": 64, "clipping": "hooks",
+                     "public_stage": {"steps": 2, "rows": 32, "batch_size": 8}},
         "fairness": {"lambda_dp": 1.0, "lambda_eo": 0.5, "sensitive": "sex"},
-        "generation": {"num_rows": 16, "batch_size": 16, "fairness": {"enabled": True, "max_dp_gap": 0.2, "warmup_rows": 4}},
+        "generation": {"num_rows": 16, "batch_size": 16,
+                       "fairness": {"enabled": True, "max_dp_gap": 0.2, "warmup_rows": 4, "tilt": True}},
         "evaluate_privacy": True, "use_ray": True,
     }
     cfg.update(over)
@@ -108,7 +110,10 @@ def test_pipeline_ledger_composes_within_epsilon(finished_run):
     run, _, _ = finished_run
     ledger = PrivacyLedger.open(run)
     stages = [e.stage for e in ledger.entries()]
-    assert stages == ["dp_domain", "dp_fair_stats", "dpsgd", "generate"]
+    assert stages == ["dp_domain", "dp_fair_stats", "dpsgd", "generate"]  # stage 1 (public rows) costs nothing
+    train = json.loads((run / "stages" / "train.done").read_text())
+    assert train["public_stage"]["steps"] == 2 and train["base_model"].endswith("/model")
+    assert (run / "release" / "public_stage.json").is_file()  # how to rebuild the adapter's base model
     by = {e.stage: e for e in ledger.entries()}
     assert by["dp_domain"].epsilon <= 3.0 * 0.05 + 1e-6 and by["dp_fair_stats"].epsilon <= 3.0 * 0.05 + 1e-6
     assert by["generate"].epsilon == 0.0

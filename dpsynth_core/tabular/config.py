@@ -28,6 +28,10 @@ class FairGenerationSettings(StrictConfig):
     max_eo_gap: float | None = Field(None, ge=0)
     target_rates: dict[str, float] | None = None  # optional target P(Y = pos | A = a) per group
     warmup_rows: Annotated[int, OUTPUT_ROWS_CAP] = Field(50, ge=0)  # accept unconditionally until this many rows
+    # decoding-time tilt of the positive label's logit per group towards target_rates (or the overall
+    # generated rate), beside the rejection sampler (tabular.fair_decoding); step of its controller
+    tilt: bool = False
+    tilt_step: float = Field(0.5, gt=0, le=5)
 
 
 class GenerationSettings(StrictConfig):
@@ -73,6 +77,17 @@ class SerializationSettings(StrictConfig):
     random_order: bool = False
 
 
+class PublicStageSettings(StrictConfig):
+    """Stage 1 (no private data, no budget): non-private LoRA fine-tuning on rows drawn from the
+    public schema, merged into the base model before DP-SGD (``tabular.public_stage``). 0 steps = off."""
+
+    steps: int = Field(0, ge=0, le=10_000)
+    rows: int = Field(512, ge=1, le=1_000_000)
+    batch_size: int = Field(16, ge=1, le=4096)
+    learning_rate: float = Field(2e-3, gt=0)
+    seed: int = 0  # which public rows and the stage-1 LoRA init (public, data-independent)
+
+
 class TrainingSettings(StrictConfig):
     model: str = "smollm2-135m-instruct"
     lora: LoraSettings = Field(default_factory=LoraSettings)
@@ -85,6 +100,7 @@ class TrainingSettings(StrictConfig):
     max_seq_len: Annotated[int, SEQ_LEN_CAP] = Field(128, ge=16)
     seed: int = 0  # column order of the serialized rows (data-independent) and the LoRA init
     torch_threads: Annotated[int | None, THREADS_CAP] = Field(2, ge=1)
+    public_stage: PublicStageSettings = Field(default_factory=PublicStageSettings)
 
 
 class FairnessSettings(StrictConfig):

@@ -46,14 +46,32 @@ def _tvd(a: pd.Series, b: pd.Series) -> float:
     return 0.5 * float(np.abs(pa.reindex(keys, fill_value=0) - pb.reindex(keys, fill_value=0)).sum())
 
 
+def _jsd(a: pd.Series, b: pd.Series) -> float:
+    """Jensen-Shannon divergence (base 2, in [0, 1]) of two empirical distributions."""
+    pa, pb = a.value_counts(normalize=True), b.value_counts(normalize=True)
+    keys = pa.index.union(pb.index)
+    p, q = pa.reindex(keys, fill_value=0).to_numpy(), pb.reindex(keys, fill_value=0).to_numpy()
+    m = 0.5 * (p + q)
+
+    def kl(x: np.ndarray) -> float:
+        nz = x > 0
+        return float(np.sum(x[nz] * np.log2(x[nz] / m[nz])))
+
+    return 0.5 * kl(p) + 0.5 * kl(q)
+
+
 def marginal_tvd(synth: pd.DataFrame, real: pd.DataFrame, schema: TableSchema) -> dict:
-    """1-way TVD per column, 2-way TVD per pair, and their means."""
+    """1-way and 2-way marginals: TVD and Jensen-Shannon divergence per column / pair, and their means."""
     s, r = _binned(synth, schema), _binned(real, schema)
     one = {c: _tvd(s[c], r[c]) for c in schema.names}
-    two = {}
+    jsd_one = {c: _jsd(s[c], r[c]) for c in schema.names}
+    two, jsd_two = {}, {}
     for a, b in itertools.combinations(schema.names, 2):
-        two[f"{a}|{b}"] = _tvd(s[a].astype(str) + "\x1f" + s[b].astype(str), r[a].astype(str) + "\x1f" + r[b].astype(str))
-    return {"tvd_1way_mean": float(np.mean(list(one.values()))), "tvd_2way_mean": float(np.mean(list(two.values()))), "tvd_1way": one, "tvd_2way": two}
+        sa, ra = s[a].astype(str) + "\x1f" + s[b].astype(str), r[a].astype(str) + "\x1f" + r[b].astype(str)
+        two[f"{a}|{b}"], jsd_two[f"{a}|{b}"] = _tvd(sa, ra), _jsd(sa, ra)
+    return {"tvd_1way_mean": float(np.mean(list(one.values()))), "tvd_2way_mean": float(np.mean(list(two.values()))),
+            "jsd_1way_mean": float(np.mean(list(jsd_one.values()))), "jsd_2way_mean": float(np.mean(list(jsd_two.values()))),
+            "tvd_1way": one, "tvd_2way": two, "jsd_1way": jsd_one, "jsd_2way": jsd_two}
 
 
 def encode_matrix(df: pd.DataFrame, schema: TableSchema, exclude: tuple[str, ...] = ()) -> np.ndarray:
@@ -228,5 +246,9 @@ def summary_row(report: dict, sensitive: str) -> dict:
         "dp_diff_lr": lr[f"dp_diff_{sensitive}"], "eo_diff_lr": lr[f"eo_diff_{sensitive}"],
         "dp_diff_gb": gb[f"dp_diff_{sensitive}"], "eo_diff_gb": gb[f"eo_diff_{sensitive}"],
         "tvd_1way": report["fidelity"]["tvd_1way_mean"], "tvd_2way": report["fidelity"]["tvd_2way_mean"],
+        "jsd_1way": report["fidelity"].get("jsd_1way_mean"), "jsd_2way": report["fidelity"].get("jsd_2way_mean"),
         "mia_auc": report.get("privacy", {}).get("mia_auc", float("nan")),
+        # every sensitive attribute of the schema, not only the headline one
+        **{f"{k}_{m}_{a}": res[f"{k}_{a}"] for m, res in (("lr", lr), ("gb", gb))
+           for k in ("dp_diff", "eo_diff") for a in sorted({key.split("_", 2)[2] for key in res if key.startswith("dp_diff_")})},
     }

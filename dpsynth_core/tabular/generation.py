@@ -165,6 +165,11 @@ def generate_rows(model, tokenizer, serializer: RowSerializer, settings: Generat
     pos_label = schema.positive() if schema.target else None
     label_first = [constraint.cat_ids[schema.target][y][0] for y in labels] if schema.target else []
     tracker = GapTracker(groups=list(schema.column(sensitive).categories or []) if sensitive else [])
+    tilt = None
+    if fs.enabled and fs.tilt:  # decoding-time label tilt per group (tabular.fair_decoding)
+        from dpsynth_core.tabular.fair_decoding import LabelTilt
+
+        tilt = LabelTilt(constraint, schema, sensitive, fs.target_rates, fs.tilt_step)
     rows, history = [], []
     attempted = invalid = rejected = 0
     max_attempts = int(settings.num_rows * settings.max_attempts_factor)
@@ -187,7 +192,7 @@ def generate_rows(model, tokenizer, serializer: RowSerializer, settings: Generat
                 input_ids=enc["input_ids"].to(model.device), attention_mask=enc["attention_mask"].to(model.device),
                 do_sample=True, temperature=settings.temperature, top_p=settings.top_p,
                 max_new_tokens=max(constraint.max_row_tokens(o) for o in orders),
-                logits_processor=LogitsProcessorList([proc]), pad_token_id=tokenizer.pad_token_id,
+                logits_processor=LogitsProcessorList([proc] + ([tilt.processor(proc)] if tilt else [])), pad_token_id=tokenizer.pad_token_id,
             )
         texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         for text, state in zip(texts, proc.states):
@@ -201,6 +206,8 @@ def generate_rows(model, tokenizer, serializer: RowSerializer, settings: Generat
                 y = int(row[schema.target] == pos_label)
                 logits = state.value_start_logits.get(schema.target)
                 p_pos = float(torch.softmax(logits[label_first], -1)[labels.index(pos_label)]) if logits is not None else float(y)
+                if tilt:
+                    tilt.observe(row[sensitive], bool(y))
                 if not _accept(tracker, fs, row[sensitive], y, int(p_pos >= 0.5)):
                     rejected += 1
                     continue
@@ -211,6 +218,8 @@ def generate_rows(model, tokenizer, serializer: RowSerializer, settings: Generat
                 break
         if fs.enabled:
             history.append({"rows": len(rows), "dp_gap": tracker.dp_gap(), "eo_gap": tracker.eo_gap(), "rejected": rejected})
+            if tilt:
+                tilt.update()
     if bar is not None:
         bar.close()
     frame = pd.DataFrame(rows, columns=schema.names)

@@ -10,7 +10,8 @@ Stages (each leaves ``stages/<name>.done``; a rerun skips finished stages)::
     prepare     draw the secret working subset of the private file (owner-only state); resolve the
                 schema's `domain: dp` columns under DP (Gaussian histogram)   -> schema_resolved.json
     fair_stats  DP (A, Y) table -> fairness targets (only with a fairness term) -> fair_targets.json
-    train       DP-SGD LoRA fine-tuning with the fairness penalty              -> train/ (adapter)
+    train       stage 1 (optional, no private data): LoRA on public schema rows, merged -> public_stage.json;
+                stage 2: DP-SGD LoRA fine-tuning with the fairness penalty    -> train/ (adapter)
     generate    constrained, fairness-aware generation (post-processing)      -> synthetic.csv
     evaluate    TSTR / TVD / fairness / DCR+MIA on real data (owner-side report, not a release)
     reference   the TSTR classifiers trained on the real sample (owner-side reference row)
@@ -132,13 +133,35 @@ def stage_model(cfg: DpFairConfig, root: str) -> dict:
     if cfg.training.torch_threads:
         torch.set_num_threads(cfg.training.torch_threads)
     if not marks.done("train"):
-        marks.mark("train", _train(cfg, run, schema, ser))
+        base, public = _public_stage(cfg, run, schema)
+        marks.mark("train", {**_train(cfg, run, schema, ser, base), "base_model": base, "public_stage": public})
+    train = marks.summary("train")
     if not marks.done("generate"):
-        marks.mark("generate", _generate(cfg, run, ser, Path(marks.summary("train")["adapter_dir"])))
+        marks.mark("generate", _generate(cfg, run, ser, Path(train["adapter_dir"]), train.get("base_model", cfg.training.model)))
     return {"train": marks.summary("train"), "generate": marks.summary("generate")}
 
 
-def _train(cfg: DpFairConfig, run: Path, schema: TableSchema, ser) -> dict:
+def _public_stage(cfg: DpFairConfig, run: Path, schema: TableSchema) -> tuple[str, dict | None]:
+    """Stage 1 (no private data, nothing in the ledger): the model DP-SGD starts from, and a summary.
+
+    The merged model is cached beside the run directory under the hash of its public inputs."""
+    from dpsynth_core.tabular.public_stage import stage_key, train_public_stage
+    from dpsynth_core.tabular.serialize import RowSerializer
+
+    t, s = cfg.training, cfg.serialization
+    if not t.public_stage.steps:
+        return t.model, None
+    ser = RowSerializer(schema, separator=s.separator, prefix=s.prefix, random_order=s.random_order, seed=t.seed)  # type: ignore[arg-type]
+    settings = {**t.public_stage.model_dump(mode="json"), "lora": t.lora.model_dump(mode="json"), "max_seq_len": t.max_seq_len}
+    key = stage_key(t.model, schema, settings, {**s.model_dump(mode="json"), "seed": t.seed})
+    out = run.parent / ".public_stage" / key
+    summary = train_public_stage(t.model, ser, t.public_stage, t.lora, out, max_seq_len=t.max_seq_len)
+    atomic_write_text(run / "public_stage.json", json.dumps({"base_model": t.model, "key": key, "settings": settings,
+                                                             "serialization": s.model_dump(mode="json"), **summary}, indent=2))
+    return str(out / "model"), {"key": key, **summary}
+
+
+def _train(cfg: DpFairConfig, run: Path, schema: TableSchema, ser, base_model: str) -> dict:
     from dpsynth_core.dpsgd import DpSgdConfig, TrainExample, train_dp_lora
 
     t, ledger = cfg.training, _ledger(run)
@@ -151,12 +174,12 @@ def _train(cfg: DpFairConfig, run: Path, schema: TableSchema, ser) -> dict:
         from dpsynth_core.tabular.fairness import FairnessPenalty, FairnessTargets
 
         targets = FairnessTargets(**json.loads((run / "fair_targets.json").read_text()))
-        penalty = FairnessPenalty(RowConstraint(ser, load_tokenizer(t.model)), schema, targets,
+        penalty = FairnessPenalty(RowConstraint(ser, load_tokenizer(base_model)), schema, targets,
                                   cfg.fairness.lambda_dp, cfg.fairness.lambda_eo)
     # DP-SGD is the last DP stage: start from what is left by plain subtraction, then fill_budget
     # lowers the noise until the ledger's (sub-additive) composed total reaches the budget.
     dcfg = DpSgdConfig(
-        model=t.model, lora=t.lora, epsilon=ledger.remaining_epsilon() * 0.995, steps=t.steps,
+        model=base_model, lora=t.lora, epsilon=ledger.remaining_epsilon() * 0.995, steps=t.steps,
         expected_batch_size=t.expected_batch_size, physical_batch_size=t.physical_batch_size,
         learning_rate=t.learning_rate, max_grad_norm=t.max_grad_norm, clipping=t.clipping,  # type: ignore[arg-type]
         max_seq_len=t.max_seq_len, seed=t.seed, torch_threads=t.torch_threads, fill_budget=True,
@@ -167,13 +190,13 @@ def _train(cfg: DpFairConfig, run: Path, schema: TableSchema, ser) -> dict:
             "adapter_dir": str(res.adapter_dir)}
 
 
-def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path) -> dict:
+def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path, base_model: str) -> dict:
     from dpsynth_core.dpsgd import load_generator
     from dpsynth_core.privacy import PostProcessingEvent
     from dpsynth_core.tabular.generation import generate_rows
 
     ledger = _ledger(run)
-    model, tok = load_generator(cfg.training.model, adapter)
+    model, tok = load_generator(base_model, adapter)
     ledger.check("generate", PostProcessingEvent())
     t0 = time.time()
     gen = generate_rows(model, tok, ser, cfg.generation)
@@ -223,8 +246,9 @@ def stage_release(cfg: DpFairConfig, root: str) -> dict:
     run = Path(root)
     items: dict[str, Path] = {"synthetic.csv": run / "synthetic.csv", "schema_resolved.json": run / "schema_resolved.json",
                               "adapter": Path(StageMarkers(run).summary("train")["adapter_dir"])}
-    if (run / "fair_targets.json").is_file():
-        items["fair_targets.json"] = run / "fair_targets.json"
+    for name in ("fair_targets.json", "public_stage.json"):  # public_stage.json: how to rebuild the adapter's base
+        if (run / name).is_file():
+            items[name] = run / name
     ledger = _ledger(run)
     write_release(run, items, ledger=ledger, method="dpfairllm")
     atomic_write_text(run / "ledger.txt", ledger.render())

@@ -1,0 +1,104 @@
+"""Stage 1 of DPFairLLM's two-stage training: teach the row format without private data.
+
+The seed paper fine-tunes first on public rows of the table's shape, then runs DP-SGD on the
+private rows. Here the public rows are drawn from the public schema alone (each categorical value
+uniform over its public categories, each number uniform between its public or DP-released bounds,
+the label uniform), so the model learns the serialization, the value vocabulary and a balanced
+label prior before it sees any private row. Without this stage a 10-step DP-SGD run on SmolLM2
+emits one label for every row (the base model's prior for the label's first token wins).
+
+Privacy: stage 1 reads no private data (only the resolved schema, itself public or the output of
+an accounted DP mechanism), so it costs no budget and records nothing in the ledger. The LoRA
+adapter it trains is merged into the base model; stage 2 (DP-SGD) trains a fresh adapter on that
+merged model. The merged model is a deterministic function of public inputs and is cached by their
+hash, so runs with the same public settings share it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+
+import pandas as pd
+
+from dpsynth_core.files import atomic_dir
+from dpsynth_core.tabular.schema import TableSchema
+
+MODEL_DIRNAME = "model"
+
+
+def public_rows(schema: TableSchema, n: int, seed: int) -> pd.DataFrame:
+    """``n`` rows drawn from the schema alone (no data): uniform categories and numbers."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        row = {}
+        for col in schema.columns:
+            if col.is_categorical:
+                row[col.name] = rng.choice(list(col.categories))
+            elif col.type == "integer":
+                row[col.name] = rng.randint(int(col.min), int(col.max))
+            else:
+                row[col.name] = round(rng.uniform(float(col.min), float(col.max)), col.precision)
+        rows.append(row)
+    return pd.DataFrame(rows, columns=schema.names)
+
+
+def stage_key(base_model: str, schema: TableSchema, settings: dict, serializer: dict) -> str:
+    """Hash of every input of stage 1: the same key means the same merged model."""
+    blob = json.dumps({"model": base_model, "schema": schema.model_dump(mode="json"), "settings": settings,
+                       "serializer": serializer}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def train_public_stage(base_model: str, ser, settings, lora, out_dir: Path, *, max_seq_len: int) -> dict:
+    """Non-private LoRA fine-tuning on public schema rows, merged into the base -> ``out_dir/model``.
+
+    ``settings``: :class:`dpsynth_core.tabular.config.PublicStageSettings`; ``lora``: LoraSettings.
+    Returns a summary (steps, first and last loss); reuses ``out_dir/model`` when it exists.
+    """
+    out_dir = Path(out_dir)
+    model_dir = out_dir / MODEL_DIRNAME
+    if (model_dir / "config.json").is_file():
+        return json.loads((out_dir / "summary.json").read_text())
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from dpsynth_core.dpsgd import TrainExample
+    from dpsynth_core.dpsgd.data import collate, per_example_loss, tokenize_examples
+    from dpsynth_core.models import load_causal_lm
+
+    torch.manual_seed(settings.seed)
+    model, tok = load_causal_lm(base_model)
+    model.config.use_cache = False
+    model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                             target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM"))
+    frame = public_rows(ser.schema, settings.rows, settings.seed)
+    rows = tokenize_examples([TrainExample(p, t) for p, t in ser.examples(frame)], tok, max_seq_len)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=settings.learning_rate)
+    order = random.Random(settings.seed)
+    losses = []
+    model.train()
+    for _ in range(settings.steps):
+        batch = collate(order.sample(rows, min(settings.batch_size, len(rows))), tok.pad_token_id)
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       position_ids=batch["position_ids"]).logits
+        loss = per_example_loss(logits, batch["labels"]).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    merged = model.merge_and_unload()
+    merged.config.use_cache = True
+    summary = {"steps": settings.steps, "rows": settings.rows, "loss_first": losses[0], "loss_last": losses[-1]}
+
+    def write(d: Path) -> None:
+        merged.save_pretrained(str(d), safe_serialization=True)
+        tok.save_pretrained(str(d))
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.json").write_text(json.dumps(summary))
+    atomic_dir(model_dir, write)
+    return summary
