@@ -5,6 +5,7 @@
     dpsynth run aim --config configs/aim_eps4.yaml
     python benchmarks/dpfair_table.py runs/dpfair/dpfair_eps4 runs/dpfair/dpfair_eps4_nofair runs/aim/aim_eps4 \
         --out runs/dpfair/comparison
+    python benchmarks/dpfair_table.py runs/*/*_s[0-9] --seeds    # mean ± sd over seeds per (method, epsilon)
 
 Reads ``stages/evaluate.done`` of each run directory (a DPFairLLM run or an AIM run: one release
 each) and ``stages/reference.done`` (classifiers trained on the real sample, DPFairLLM runs). The
@@ -22,7 +23,8 @@ import yaml
 COLUMNS = [
     ("acc_lr", "acc LR"), ("f1_lr", "F1 LR"), ("acc_gb", "acc GB"), ("f1_gb", "F1 GB"),
     ("dp_diff_lr", "DP diff LR"), ("eo_diff_lr", "EO diff LR"), ("dp_diff_gb", "DP diff GB"), ("eo_diff_gb", "EO diff GB"),
-    ("tvd_1way", "TVD 1-way"), ("tvd_2way", "TVD 2-way"), ("valid_fraction", "% valid"),
+    ("tvd_1way", "TVD 1-way"), ("tvd_2way", "TVD 2-way"), ("jsd_1way", "JSD 1-way"), ("jsd_2way", "JSD 2-way"),
+    ("valid_fraction", "% valid"), ("label_pos_rate", "P(Y=pos) synth"),
 ]
 
 
@@ -97,15 +99,68 @@ def plot(rows: list[dict], out: Path) -> Path:
     return path
 
 
+def _config_epsilon(run: Path) -> float | None:
+    cfg = yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").is_file() else {}
+    return (cfg or {}).get("epsilon")
+
+
+def _label_rate(run: Path) -> float | None:
+    """Share of the positive label in the run's synthetic table (the "every row >50K" failure)."""
+    import pandas as pd
+
+    path = run / "synthetic.csv"
+    if not path.is_file():
+        return None
+    frame = pd.read_csv(path, keep_default_na=False)
+    return float((frame["income"] == ">50K").mean()) if "income" in frame and len(frame) else None
+
+
+def aggregate(run_dirs: list[Path]) -> list[dict]:
+    """Mean and sd over seeds: one row per (method, configured epsilon); real-data rows pooled."""
+    import numpy as np
+
+    groups: dict[tuple, list[dict]] = {}
+    for run in run_dirs:
+        for row in collect([run]):
+            eps = None if row["method"].startswith("real data") else _config_epsilon(run)
+            row["label_pos_rate"] = None if row["method"].startswith("real data") else _label_rate(run)
+            groups.setdefault((row["method"], eps), []).append(row)
+    out = []
+    for (method, eps), rows in groups.items():
+        agg = {"method": f"{method} (n={len(rows)})", "epsilon": eps}
+        for k, _ in COLUMNS:
+            vals = [r[k] for r in rows if r.get(k) is not None]
+            if vals:
+                agg[k], agg[k + "_sd"] = float(np.mean(vals)), float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+        out.append(agg)
+    return sorted(out, key=lambda r: (r["epsilon"] is None, -(r["epsilon"] or 0), r["method"]))
+
+
+def markdown_mean_sd(rows: list[dict]) -> str:
+    head = "| method | ε | " + " | ".join(h for _, h in COLUMNS) + " |"
+    lines = [head, "|" + "---|" * (len(COLUMNS) + 2)]
+    for r in rows:
+        cells = []
+        for k, _ in COLUMNS:
+            if r.get(k) is None:
+                cells.append("–")
+            else:
+                scale = 100 if k == "valid_fraction" else 1
+                cells.append(f"{scale * r[k]:.3f} ± {scale * r[k + '_sd']:.3f}")
+        lines.append(f"| {r['method']} | {'∞' if r['epsilon'] is None else r['epsilon']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, default=None, help="directory for comparison.md / comparison.png")
+    ap.add_argument("--seeds", action="store_true", help="mean ± sd over the runs of each (method, epsilon)")
     args = ap.parse_args()
-    rows = collect(args.runs)
+    rows = aggregate(args.runs) if args.seeds else collect(args.runs)
     if not rows:
         raise SystemExit("no finished stages found in the given run directories")
-    table = markdown(rows)
+    table = markdown_mean_sd(rows) if args.seeds else markdown(rows)
     print(table)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
