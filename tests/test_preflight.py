@@ -128,14 +128,19 @@ def test_check_reports_bad_data_without_writing(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "run").exists()
 
 
-def test_train_check_writes_nothing(tmp_path, monkeypatch, capsys):
+def test_train_bad_data_fails_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    # (the full plan of `train --check` calibrates the noise and loads the model config: tens of
+    # seconds on this CPU, so the printed plan is tested on DPFairLLM and generate instead)
     raw = yaml.safe_load((REPO / "configs" / "train_tiny.yaml").read_text())
+    data = tmp_path / "corpus.csv"
+    data.write_text("abstract,category\n" + f"{SECRET},a\n" * 20 + ",b\n", encoding="utf-8")
+    raw["data"].update(path=str(data), max_records=None)
     raw["output_dir"] = str(tmp_path / "out")
     cfg = write_yaml(tmp_path / "train.yaml", raw)
-    code, out = dpsynth(monkeypatch, capsys, "train", "--config", str(cfg), "--check")
-    assert code == 0, out
-    assert "5 DP-SGD steps" in out and "epsilon 2" in out
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.yaml"]
+    for extra in (["--check"], []):
+        code, out = dpsynth(monkeypatch, capsys, "train", "--config", str(cfg), *extra)
+        assert code == 2 and "corpus.csv, column 'abstract', row 21" in out and SECRET not in out, out
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.csv", "train.yaml"]
 
 
 def test_generate_check_and_a_missing_adapter_write_nothing(tmp_path, monkeypatch, capsys):
