@@ -26,6 +26,7 @@ from dpsynth_core.dpsgd.clipping import PerSampleClipper, make_clipper
 from dpsynth_core.dpsgd.config import DpSgdConfig, LoraSettings, TrainExample
 from dpsynth_core.dpsgd.data import collate, per_example_loss, tokenize_examples
 from dpsynth_core.dpsgd.sampling import PoissonSampler, PrivacyUnits, physical_chunks, select_examples
+from dpsynth_core.devices import Placement, resolve_placement
 from dpsynth_core.errors import ConfigError
 
 PenaltyFn = Callable[[torch.Tensor, dict], torch.Tensor]
@@ -45,11 +46,7 @@ class DistContext:
 
 
 def resolve_device(config: DpSgdConfig, local_rank: int = 0) -> torch.device:
-    if config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise ConfigError("field 'device': 'cuda' requested but no GPU is visible")
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
+    return resolve_placement(config.device, config.dtype, local_rank=local_rank).torch_device()
 
 
 def module_leaf_names(model: nn.Module) -> set[str]:
@@ -81,14 +78,21 @@ def validate_target_modules(config: DpSgdConfig) -> None:
     check_target_modules(model, config.lora, config.model)
 
 
+def stage_placement(config: DpSgdConfig, device: torch.device) -> Placement:
+    """The config's dtype on the engine's device (``auto``: bf16 on a GPU, fp32 on the CPU)."""
+    dtype = config.dtype if config.dtype != "auto" else ("bf16" if device.type == "cuda" else "fp32")
+    return Placement(device.type, dtype, device.index or 0)
+
+
 def build_lora_model(config: DpSgdConfig, device: torch.device):
     """Base model + fresh LoRA adapter (same init on every rank), everything else frozen."""
     from peft import LoraConfig, get_peft_model
 
+    from dpsynth_core.devices import place_model
     from dpsynth_core.models import load_causal_lm
 
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model, tokenizer = load_causal_lm(config.model, dtype=dtype)
+    placement = stage_placement(config, device)
+    model, tokenizer = load_causal_lm(config.model, dtype=placement.torch_dtype())
     check_target_modules(model, config.lora, config.model)
     model.config.use_cache = False
     torch.manual_seed(config.seed)  # identical LoRA init on every rank
@@ -112,10 +116,7 @@ def build_lora_model(config: DpSgdConfig, device: torch.device):
     assert not base.get_input_embeddings().weight.requires_grad
     if base.get_output_embeddings() is not None:
         assert not base.get_output_embeddings().weight.requires_grad
-    for p in peft_model.parameters():
-        if p.requires_grad and p.dtype != torch.float32:
-            p.data = p.data.float()  # master LoRA weights in fp32 even with a bf16 base
-    peft_model.to(device)
+    place_model(peft_model, placement)  # master LoRA weights in fp32 even with a bf16 base
     peft_model.train()
     return peft_model, tokenizer
 

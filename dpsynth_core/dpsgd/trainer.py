@@ -260,6 +260,9 @@ def _train(source: ExampleSource, config: DpSgdConfig, *, output_dir: Path, ledg
 
     from dpsynth_core.dpsgd.engine import DpSgdEngine
 
+    from dpsynth_core.devices import resolve_placement
+
+    resolve_placement(config.device, config.dtype)  # device: cuda without a GPU fails before the data is read
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     examples, plan, fingerprint = prepare_stage(source, config, ledger=ledger, stage=stage)

@@ -223,13 +223,20 @@ def load_tokenizer(name: str):
     return _prepare_tokenizer(AutoTokenizer.from_pretrained(resolve_model_dir(name)))
 
 
-def load_causal_lm(name: str = DEFAULT_CAUSAL_LM, *, dtype=None):
-    """Load ``(model, tokenizer)`` in eval mode. Tokenizer pads on the left and has a pad token."""
+def load_causal_lm(name: str = DEFAULT_CAUSAL_LM, *, dtype=None, placement=None):
+    """Load ``(model, tokenizer)`` in eval mode. Tokenizer pads on the left and has a pad token.
+
+    ``placement`` (``dpsynth_core.devices.Placement``) puts the model on its device in its dtype;
+    without it: CPU, ``dtype`` or fp32."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if placement is not None:
+        dtype = placement.torch_dtype()
     path = resolve_model_dir(name)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+    if placement is not None and placement.on_gpu:
+        model.to(placement.torch_device())
     model.eval()
     tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(path))
     if model.generation_config is not None and model.generation_config.pad_token_id is None:

@@ -1,0 +1,95 @@
+"""Where a stage's model runs and in which precision: one decision, shared by every stage.
+
+``resolve_placement(device, dtype)`` maps the config knobs (``device: auto|cpu|cuda``,
+``dtype: auto|bf16|fp32``) and what the process can see to a ``Placement``:
+- ``auto`` is the GPU when this process has one (a Ray task sees a GPU only when it asked for
+  one: Ray sets ``CUDA_VISIBLE_DEVICES`` to "" otherwise), in bf16; else the CPU in fp32;
+- ``cuda`` without a visible GPU is a ConfigError, raised here, i.e. before a stage reads data;
+- trainable (LoRA) parameters stay fp32 "master weights" under a bf16 base (``place_model``).
+
+On a CPU machine nothing here initialises CUDA: an empty ``CUDA_VISIBLE_DEVICES`` answers
+without asking torch, and ``torch.cuda.is_available()`` only queries the driver.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+from dpsynth_core.errors import ConfigError
+
+DeviceChoice = Literal["auto", "cpu", "cuda"]
+DtypeChoice = Literal["auto", "bf16", "fp32"]
+
+
+def gpu_visible() -> bool:
+    """True when this process can use a CUDA GPU (Ray hides GPUs from tasks that asked for none)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A stage's device ("cpu" or "cuda") with its index, and the dtype of frozen weights."""
+
+    device: str
+    dtype: str  # "bf16" | "fp32"
+    index: int = 0
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device == "cuda"
+
+    def torch_device(self):
+        import torch
+
+        return torch.device("cuda", self.index) if self.on_gpu else torch.device("cpu")
+
+    def torch_dtype(self):
+        import torch
+
+        return torch.bfloat16 if self.dtype == "bf16" else torch.float32
+
+
+def resolve_placement(device: DeviceChoice = "auto", dtype: DtypeChoice = "auto", *, local_rank: int = 0) -> Placement:
+    """The placement a stage uses; ``cuda`` on a machine without a visible GPU is a ConfigError."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"field 'device': expected auto, cpu or cuda, got {device!r}")
+    if dtype not in ("auto", "bf16", "fp32"):
+        raise ConfigError(f"field 'dtype': expected auto, bf16 or fp32, got {dtype!r}")
+    if device == "cuda" and not gpu_visible():
+        raise ConfigError(
+            "field 'device': 'cuda' requested but this process sees no GPU (no CUDA build of torch, no "
+            "driver, or a Ray task that requested no GPU); use device: auto or cpu"
+        )
+    on_gpu = device == "cuda" or (device == "auto" and gpu_visible())
+    chosen = "cuda" if on_gpu else "cpu"
+    if dtype == "auto":
+        dtype = "bf16" if on_gpu else "fp32"  # CPU bf16 is slower than fp32 for most kernels here
+    return Placement(chosen, dtype, local_rank if on_gpu else 0)
+
+
+def place_model(model, placement: Placement):
+    """Move ``model`` to the placement: frozen weights in its dtype, trainable ones in fp32
+    (optimizer updates of LoRA weights are too small for bf16's 8-bit mantissa)."""
+    import torch
+
+    model.to(device=placement.torch_device(), dtype=placement.torch_dtype())
+    for p in model.parameters():
+        if p.requires_grad and p.dtype != torch.float32:
+            p.data = p.data.float()
+    return model
+
+
+def ray_num_gpus(device: DeviceChoice, cluster_gpus: float) -> float:
+    """GPUs a stage's Ray task must request so that ``auto`` can see one (Ray hides the rest)."""
+    if device == "cpu":
+        return 0.0
+    if device == "cuda":
+        return 1.0
+    return 1.0 if cluster_gpus >= 1 else 0.0
