@@ -142,3 +142,29 @@ def test_value_outside_the_dp_category_list_is_handled_after_the_spend(tmp_path,
     else:
         assert "Other" not in cats
         assert len(private) == raw.education.isin(cats).sum() and set(private.education) <= set(cats)
+
+
+def test_one_file_is_split_by_content_keys(tmp_path, adult_csv):
+    """data.holdout_rows: a public count of rows held out as the test set, chosen by a keyed hash of each
+    row's content; the private pool is the rest. Neighbouring files (one row removed) keep neighbouring
+    pools: the held-out sets differ in at most one row besides the removed one."""
+    raw = {"source": str(adult_csv), "holdout_rows": 50, "train_rows": 100, "seed": 0}
+    cfg = _cfg(tmp_path, adult_csv, data=raw)
+    pool, test = private_data.read_source(cfg), private_data.load_test(cfg)
+    assert len(test) == 50 and len(pool) == 350
+    whole = private_data._read_file(cfg)
+    held = set(whole.index[private_data._holdout_index(whole, cfg)])
+    assert len(held) == 50 and not held & set(pool.index)  # disjoint: no test row is in the private pool
+    assert pool.index.max() >= 349 and pool.index.is_monotonic_increasing  # original file rows: errors name them
+    assert test.equals(private_data.load_test(cfg))  # reproducible: the same split on every call
+    assert not test.equals(private_data.load_test(_cfg(tmp_path, adult_csv, data={**raw, "seed": 1})))
+    # neighbouring file: drop one pool row
+    full = pd.read_csv(adult_csv)
+    victim = int(pool.index[10])
+    neighbour = tmp_path / "neighbour.csv"
+    full.drop(index=victim).to_csv(neighbour, index=False)
+    test_n = private_data.load_test(_cfg(tmp_path, neighbour, data={**raw, "source": str(neighbour)}))
+    rows = lambda f: {tuple(r) for r in f.astype(str).to_numpy()}  # noqa: E731
+    assert len(rows(test) ^ rows(test_n)) <= 2
+    with pytest.raises(Exception, match="not both"):
+        _cfg(tmp_path, adult_csv, data={**raw, "test_path": str(adult_csv)})

@@ -54,6 +54,18 @@ class DataSettings(StrictConfig):
     train_rows: Annotated[int | None, RECORDS_CAP] = Field(None, ge=10)
     test_rows: Annotated[int | None, RECORDS_CAP] = Field(None, ge=10)
     seed: int = 0  # post-processing and owner-side evaluation only (test subsample, TSTR models)
+    # one file, no test file: hold out this many rows (a public count) as the owner-side test set, chosen
+    # by a keyed hash of each row's content (privacy.randomness.content_keyed_holdout, key = seed); the
+    # DP guarantee then covers the rest of the file
+    holdout_rows: Annotated[int | None, RECORDS_CAP] = Field(None, ge=10)
+
+    @model_validator(mode="after")
+    def _one_test_source(self):
+        if self.holdout_rows and self.test_path:
+            raise ValueError("give data.test_path (a test file) or data.holdout_rows (split your one file), not both")
+        if self.holdout_rows and self.source == "adult":
+            raise ValueError("data.holdout_rows splits your own file; the adult source has its own test file")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -41,8 +41,7 @@ def source_name(cfg: TableRunConfig) -> str:
     return cfg.data.source if cfg.data.source != "adult" else "adult (train)"
 
 
-def read_source(cfg: TableRunConfig) -> pd.DataFrame:
-    """The whole private file, as read from its source (index = 0-based data row)."""
+def _read_file(cfg: TableRunConfig) -> pd.DataFrame:
     if cfg.data.source == "adult":
         from dpsynth_core.data import load_adult
 
@@ -50,6 +49,24 @@ def read_source(cfg: TableRunConfig) -> pd.DataFrame:
     from dpsynth_core.data import load_records
 
     return load_records(cfg.data.source).reset_index(drop=True)
+
+
+def _holdout_index(frame: pd.DataFrame, cfg: TableRunConfig) -> np.ndarray:
+    """Rows held out as the test set (``data.holdout_rows``): content-keyed, so a row's side depends on
+    that row alone and neighbouring files keep neighbouring private pools."""
+    from dpsynth_core.privacy.randomness import content_keyed_holdout
+
+    contents = frame.astype(str).agg("\x1f".join, axis=1).tolist()
+    return content_keyed_holdout(contents, min(int(cfg.data.holdout_rows or 0), len(frame) - 1), cfg.data.seed)
+
+
+def read_source(cfg: TableRunConfig) -> pd.DataFrame:
+    """The private file as read from its source (index = 0-based data row), without the held-out
+    test rows when ``data.holdout_rows`` splits a single file."""
+    frame = _read_file(cfg)
+    if cfg.data.holdout_rows:
+        frame = frame.drop(index=frame.index[_holdout_index(frame, cfg)])
+    return frame
 
 
 def load_test(cfg: TableRunConfig) -> pd.DataFrame:
@@ -61,9 +78,14 @@ def load_test(cfg: TableRunConfig) -> pd.DataFrame:
     else:
         from dpsynth_core.data import load_records
 
-        if not cfg.data.test_path:
-            raise ConfigError("field 'data.test_path': needed when data.source is a file")
-        test = load_records(cfg.data.test_path)
+        if cfg.data.holdout_rows:
+            frame = _read_file(cfg)
+            test = frame.iloc[_holdout_index(frame, cfg)]
+        elif not cfg.data.test_path:
+            raise ConfigError("field 'data.test_path': needed when data.source is a file "
+                              "(or set data.holdout_rows to hold out part of the file)")
+        else:
+            test = load_records(cfg.data.test_path)
     if cfg.data.test_rows and cfg.data.test_rows < len(test):
         test = test.sample(cfg.data.test_rows, random_state=cfg.data.seed + 1)
     return test.reset_index(drop=True)
