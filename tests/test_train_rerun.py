@@ -27,7 +27,7 @@ def _config(tmp_path: Path, name: str, **over) -> Path:
     data = tmp_path / "d.csv"
     if not data.exists():
         pd.DataFrame({"text": [f"row {i} says something" for i in range(40)]}).to_csv(data, index=False)
-    job = {"data": {"path": str(data), "text_column": "text"}, "train": dict(TRAIN), "output_dir": str(tmp_path / name)}
+    job = {"data": {"path": str(data), "text_col": "text"}, "train": dict(TRAIN), "output_dir": str(tmp_path / name)}
     for key, value in over.items():  # "train.epsilon" -> job["train"]["epsilon"]
         *parents, leaf = key.split(".")
         node = job
