@@ -157,6 +157,31 @@ def privacy_metrics(synth: pd.DataFrame, train: pd.DataFrame, holdout: pd.DataFr
     }
 
 
+def attribute_inference(synth: pd.DataFrame, train: pd.DataFrame, holdout: pd.DataFrame, schema: TableSchema,
+                        sensitive: str, seed: int = 0) -> dict:
+    """Attribute-inference attack: knowing every other column of a person, guess their ``sensitive``
+    value as that of the nearest synthetic row. Accuracy on training rows (members) vs held-out rows
+    (non-members): the advantage is what the synthetic table gives away about its training rows
+    beyond what it teaches about the population (0 = nothing)."""
+    from sklearn.neighbors import NearestNeighbors
+
+    n = min(len(train), len(holdout))
+    rng = np.random.default_rng(seed)
+    tr = train.iloc[rng.permutation(len(train))[:n]]
+    ho = holdout.iloc[rng.permutation(len(holdout))[:n]]
+    nn = NearestNeighbors(n_neighbors=1).fit(encode_matrix(synth, schema, (sensitive,)))
+    guess = synth[sensitive].astype(str).to_numpy()
+
+    def accuracy(rows: pd.DataFrame) -> float:
+        idx = nn.kneighbors(encode_matrix(rows, schema, (sensitive,)))[1][:, 0]
+        return float(np.mean(guess[idx] == rows[sensitive].astype(str).to_numpy()))
+
+    member, non_member = accuracy(tr), accuracy(ho)
+    majority = float(ho[sensitive].astype(str).value_counts(normalize=True).iloc[0]) if len(ho) else float("nan")
+    return {"member_accuracy": member, "non_member_accuracy": non_member, "advantage": member - non_member,
+            "majority_rate": majority}
+
+
 def plot_report(synth: pd.DataFrame, real: pd.DataFrame, schema: TableSchema, report: dict, out_dir: Path) -> list[Path]:
     """PNG plots: 1-way TVD per column, a few marginals side by side, DCR histograms."""
     import matplotlib
@@ -225,6 +250,8 @@ def evaluate_table(
         report["tstr"] = tstr(synth, real_test, schema, seed)
     if privacy:
         report["privacy"] = privacy_metrics(synth, real_train, real_test, schema, seed)
+        for a in schema.sensitive:
+            report["privacy"][f"attribute_inference_{a}"] = attribute_inference(synth, real_train, real_test, schema, a, seed)
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -248,6 +275,7 @@ def summary_row(report: dict, sensitive: str) -> dict:
         "tvd_1way": report["fidelity"]["tvd_1way_mean"], "tvd_2way": report["fidelity"]["tvd_2way_mean"],
         "jsd_1way": report["fidelity"].get("jsd_1way_mean"), "jsd_2way": report["fidelity"].get("jsd_2way_mean"),
         "mia_auc": report.get("privacy", {}).get("mia_auc", float("nan")),
+        "aia_advantage": report.get("privacy", {}).get(f"attribute_inference_{sensitive}", {}).get("advantage"),
         # every sensitive attribute of the schema, not only the headline one
         **{f"{k}_{m}_{a}": res[f"{k}_{a}"] for m, res in (("lr", lr), ("gb", gb))
            for k in ("dp_diff", "eo_diff") for a in sorted({key.split("_", 2)[2] for key in res if key.startswith("dp_diff_")})},
