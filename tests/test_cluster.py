@@ -287,7 +287,8 @@ def test_dpfair_to_s3_runs_its_model_stage_on_the_second_node_and_resumes_from_t
     mirror = tmp_path / "mirror"
     s3_env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
               "DPSYNTH_STORAGE_ENDPOINT_URL": f"http://{host}:{port}", "DPSYNTH_MIRROR_DIR": str(mirror)}
-    client = boto3.client("s3", endpoint_url=s3_env["DPSYNTH_STORAGE_ENDPOINT_URL"], region_name="us-east-1")
+    client = boto3.client("s3", endpoint_url=s3_env["DPSYNTH_STORAGE_ENDPOINT_URL"], region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
     client.create_bucket(Bucket="dpsynth-runs")
     c = LocalCluster(temp_dir=tmp_path_factory.mktemp("rays3"), env={**cluster_env(), **s3_env})  # nodes' own env
     try:
