@@ -6,8 +6,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export RAY_USAGE_STATS_ENABLED=0 RAY_ENABLE_UV_RUN_RUNTIME_ENV=0
+# The whole suite runs on every core (pytest-xdist; tests/conftest.py groups the tests so a file
+# stays in one worker); named files run in one process. DPSYNTH_TEST_WORKERS overrides (0: serial).
 targets=tests
+workers=${DPSYNTH_TEST_WORKERS:-}
 for arg in "$@"; do
-  case "$arg" in tests/*) targets= ;; esac
+  case "$arg" in tests/*) targets= ; workers=${workers:-0} ;; esac
 done
-.venv/bin/python -m pytest -q -p no:cacheprovider --timeout=900 --durations=15 $targets "$@"
+if [ -z "$workers" ]; then
+  workers=$(.venv/bin/python -c 'import os; print(min(4, len(os.sched_getaffinity(0))))')
+fi
+parallel=()
+if [ "$workers" -gt 1 ]; then parallel=(-n "$workers" --dist loadgroup); fi
+.venv/bin/python -m pytest -q -p no:cacheprovider --timeout=900 --durations=15 "${parallel[@]}" $targets "$@"

@@ -1,6 +1,12 @@
 """Shared fixtures: one local Ray per test session, the real data directory, offline hubs.
 
 Ray takes ~8 s to start on 2 cores, so every test that needs it shares ``ray_session``.
+
+``scripts/run_tests.sh`` runs the suite on every core (pytest-xdist, ``--dist loadgroup``): each
+test file stays in one worker (its module fixtures are built once), and the files that start Ray
+Serve share one worker, because Serve's HTTP options are cluster-wide and its default port is one
+per machine. Each worker starts its own local Ray (``address="local"``: never a cluster another
+worker or a ``ray start`` left on this machine).
 """
 
 from __future__ import annotations
@@ -26,6 +32,17 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 
+SERVE_FILES = {"test_serve_generation.py", "test_serve_limits.py", "test_serve_config.py", "test_pe_runs.py",
+               "test_pe_openai_backend.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """xdist groups: one per test file, one for every file that starts Ray Serve."""
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("serve" if name in SERVE_FILES else name))
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """A real local Ray instance (2 CPUs), started once and shared by the whole session."""
@@ -33,6 +50,7 @@ def ray_session():
 
     if not ray.is_initialized():
         ray.init(
+            address="local",  # a fresh local instance, never another worker's or a `ray start` cluster
             num_cpus=2,
             include_dashboard=False,
             log_to_driver=False,
