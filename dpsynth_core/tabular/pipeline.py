@@ -218,9 +218,12 @@ def stage_evaluate(cfg: DpFairConfig, root: str) -> dict:
     report = evaluate_table(synth, private, private_data.load_test(cfg), schema, out_dir=run / "eval",
                             privacy=cfg.evaluate_privacy)
     ledger = _ledger(run)
-    return {"method": "dpfairllm", "epsilon": ledger.total_epsilon(), "delta": ledger.delta,
-            "valid_fraction": StageMarkers(run).summary("generate")["valid_fraction"],
-            **(summary_row(report, sensitive) if sensitive and schema.target else {})}
+    summary = {"method": "dpfairllm", "epsilon": ledger.total_epsilon(), "delta": ledger.delta,
+               "valid_fraction": StageMarkers(run).summary("generate")["valid_fraction"],
+               **(summary_row(report, sensitive) if sensitive and schema.target else {})}
+    # what `dpsynth tune` reports per trial (owner-side: computed on real rows, so a public sweep only)
+    atomic_write_text(run / "metrics.json", json.dumps({k: v for k, v in summary.items() if k != "method"}, indent=2))
+    return summary
 
 
 def stage_reference(cfg: DpFairConfig, root: str) -> dict:

@@ -1,0 +1,35 @@
+"""`dpsynth tune` for pipeline: dpfair: a search space whose trials are valid DPFairLLM configs, a
+public sweep allowed, a private one refused with the reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dpsynth_core.errors import ConfigError
+from dpsynth_core.tabular.config import DpFairConfig
+from dpsynth_core.tuning import TuningPrivacy, check_sweep_allowed
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_dpfair_space_gives_valid_trial_configs(tmp_path):
+    from ray_jobs.sweep import SweepConfig, _search_space, trial_config
+
+    cfg = SweepConfig(pipeline="dpfair", base_config=REPO / "configs" / "dpfair_tiny_test.yaml", metric="f1_gb",
+                      privacy=TuningPrivacy(data="public"))
+    space = _search_space(cfg)
+    base = yaml.safe_load(cfg.base_config.read_text())
+    for pick in (0, -1):  # the ends of every range / choice
+        params = {k: (v.categories[pick] if hasattr(v, "categories") else (v.lower if pick == 0 else v.upper)) for k, v in space.items()}
+        trial = DpFairConfig.model_validate(trial_config(base, {}, params, tmp_path / "trial"))
+        assert trial.run_dir() == (tmp_path / "trial" / trial.name).resolve()
+        assert trial.fairness.lambda_dp == params["fairness.lambda_dp"]
+    check_sweep_allowed(TuningPrivacy(data="public"), "random", "fifo", "dpfair", "f1_gb")
+
+
+def test_private_dpfair_sweep_is_refused():
+    with pytest.raises(ConfigError, match="reads private data|private"):
+        check_sweep_allowed(TuningPrivacy(data="private", selection="random_trials", epsilon_budget=4.0), "random", "fifo", "dpfair", "f1_gb")

@@ -1,0 +1,20 @@
+"""DPFairLLM: fairness weight, DP-SGD learning rate and steps, decoding temperature and tilt.
+
+Only a sweep on public/proxy data (``privacy.data: public``): every DPFairLLM metric (TSTR, fairness
+gaps, fidelity) is computed on real rows, so a private sweep is refused (``tuning_metrics``).
+"""
+
+from ray import tune
+
+
+def default() -> dict:
+    return {
+        "fairness.lambda_dp": tune.uniform(0.0, 1.0),  # fraction of the group gap the DP term removes
+        "training.learning_rate": tune.loguniform(3e-3, 3e-2),
+        "training.steps": tune.choice([10, 20, 30]),
+        "generation.temperature": tune.uniform(0.7, 1.2),
+        "generation.fairness.tilt": tune.choice([False, True]),
+    }
+
+
+SPACES = {"default": default}
