@@ -36,8 +36,15 @@ SERVE_FILES = {"test_serve_generation.py", "test_serve_limits.py", "test_serve_c
                "test_pe_openai_backend.py"}
 
 
+# Minutes-long files first, so no worker is left with one of them at the end (order kept within a file).
+SLOW_FIRST = ("test_sweep.py", "test_actg_pipeline.py", "test_dpsgd_ray.py", "test_cluster.py",
+              "test_tabular_ledger.py", "test_batch_generate.py", "test_dpsgd_core.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    """xdist groups: one per test file, one for every file that starts Ray Serve."""
+    """xdist groups: one per test file, one for every file that starts Ray Serve; slow files first."""
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept otherwise
     for item in items:
         name = item.path.name
         item.add_marker(pytest.mark.xdist_group("serve" if name in SERVE_FILES else name))
