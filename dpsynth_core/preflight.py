@@ -118,7 +118,7 @@ def check_aim(path: Path) -> Plan:
                 cfg.run_dir())
 
 
-def check_train(path: Path) -> Plan:
+def check_train(path: Path, fresh: bool = False) -> Plan:
     """`dpsynth train`: config, the whole data file, delta against its size, and the noise calibration."""
     from dpsynth_core.cli.train import TrainJobConfig, data_source
     from dpsynth_core.config import load_config
@@ -135,7 +135,7 @@ def check_train(path: Path) -> Plan:
     if not examples:
         raise ConfigError(f"{path}: field 'data': no training records in {job.data.path}")
     try:
-        plan = plan_privacy(job.train, examples, ledger=_existing_ledger(job), stage=job.stage)
+        plan = plan_privacy(job.train, examples, ledger=_existing_ledger(job, fresh), stage=job.stage)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     stages = [f"{job.stage}: {job.train.steps} DP-SGD steps (noise multiplier {plan.noise_multiplier:.3f})",
@@ -144,11 +144,13 @@ def check_train(path: Path) -> Plan:
                 Path(job.output_dir))
 
 
-def _existing_ledger(job):
+def _existing_ledger(job, fresh: bool = False):
     """The run's ledger if it exists already (opened, never created: pre-flight writes nothing)."""
     from dpsynth_core.privacy import PrivacyLedger
 
     run_dir = Path(job.ledger.run_dir or job.output_dir)
+    if fresh and run_dir == Path(job.output_dir):  # --fresh moves this ledger aside with the old run
+        return None
     return PrivacyLedger.open(run_dir) if (run_dir / "ledger.sqlite").is_file() else None
 
 
@@ -162,6 +164,9 @@ PREFLIGHTS: dict[str, Callable[[Path], Plan]] = {
 }
 
 
-def preflight(pipeline: str, config_path: Path) -> Plan:
-    """Run ``pipeline``'s pre-flight on ``config_path``; raise ConfigError / DataError on the first problem."""
+def preflight(pipeline: str, config_path: Path, *, fresh: bool = False) -> Plan:
+    """Run ``pipeline``'s pre-flight on ``config_path``; raise ConfigError / DataError on the first problem.
+    ``fresh`` (train): the run's own ledger is about to be moved aside, so it is not checked against."""
+    if pipeline == "train":
+        return check_train(Path(config_path), fresh=fresh)
     return PREFLIGHTS[pipeline](Path(config_path))

@@ -64,6 +64,13 @@ def test_rerun_of_a_finished_train_does_nothing_and_a_changed_config_is_refused(
     assert "changed: train.epsilon" in str(changed.exception) and "--fresh" in str(changed.exception)
     assert (out / "config.yaml").read_text() == saved  # the run never claims the new epsilon
 
+    fresh = _train(_config(tmp_path, "run", **{"train.epsilon": 1.0}), "--fresh")
+    assert fresh.exit_code == 0, fresh.output  # not checked against the ledger it moves aside
+    (aside,) = tmp_path.glob("run.prev-*")
+    assert [e.stage for e in PrivacyLedger.open(aside).entries()] == ["dpsgd"]
+    assert [e.epsilon for e in PrivacyLedger.open(out).entries()] == [pytest.approx(1.0, abs=0.01)]
+    assert yaml.safe_load((out / "config.yaml").read_text())["train"]["epsilon"] == 1.0
+
 
 
 def test_a_second_process_on_a_locked_run_is_refused_naming_the_holder(tmp_path):

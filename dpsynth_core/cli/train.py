@@ -115,7 +115,7 @@ def train(
     job = load_config(config, TrainJobConfig)
     if not (fresh or check) and already_finished(Path(job.output_dir), job.model_dump(mode="json"), job.stage):
         return  # the rerun rule comes first: a finished run reads no data and is not checked against its own spend
-    plan = preflight("train", config)  # config, whole data file, delta, noise: before anything is written
+    plan = preflight("train", config, fresh=fresh)  # config, whole data file, delta, noise: before anything is written
     if check:
         typer.echo(plan.render())
         return
