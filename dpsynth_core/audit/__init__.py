@@ -1,15 +1,16 @@
 """Empirical privacy audit of the DP-SGD generator: one training run with canaries (no Ray here)."""
 
-from dpsynth_core.audit.bound import bound_by_guesses, epsilon_lower_bound, one_run_p_value
-from dpsynth_core.audit.config import AuditSettings
-from dpsynth_core.audit.run import AuditResult, run_dpsgd_audit, write_audit_report
+import importlib
 
-__all__ = [
-    "AuditResult",
-    "AuditSettings",
-    "bound_by_guesses",
-    "epsilon_lower_bound",
-    "one_run_p_value",
-    "run_dpsgd_audit",
-    "write_audit_report",
-]
+# Lazy exports (PEP 562): the audit run imports torch; the CLI should not pay for it at start-up.
+_EXPORTS = {
+    "bound_by_guesses": "bound", "epsilon_lower_bound": "bound", "one_run_p_value": "bound",
+    "AuditSettings": "config", "AuditResult": "run", "run_dpsgd_audit": "run", "write_audit_report": "run",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

@@ -10,9 +10,19 @@ Several workers (``num_workers > 1``): the driver passes the runner and a source
                   runner=ray_jobs.dp_finetune.run_dp_finetune)
 """
 
-from dpsynth_core.dpsgd.config import DpSgdConfig, LoraSettings, TrainExample, TrainResult
-from dpsynth_core.dpsgd.sources import ExampleSource, LoaderSource, TableExampleSource
-from dpsynth_core.dpsgd.trainer import DistributedRunner, load_generator, train_dp_lora
+import importlib
 
-__all__ = ["DistributedRunner", "DpSgdConfig", "ExampleSource", "LoaderSource", "LoraSettings", "TableExampleSource",
-           "TrainExample", "TrainResult", "load_generator", "train_dp_lora"]
+# Lazy exports (PEP 562): the trainer imports torch, which every CLI command would otherwise pay
+# for at start-up (seconds), even `dpsynth --help`.
+_EXPORTS = {
+    "DpSgdConfig": "config", "LoraSettings": "config", "TrainExample": "config", "TrainResult": "config",
+    "ExampleSource": "sources", "LoaderSource": "sources", "TableExampleSource": "sources",
+    "DistributedRunner": "trainer", "load_generator": "trainer", "train_dp_lora": "trainer",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
