@@ -48,3 +48,18 @@ def test_report_has_attack_and_jsd_for_every_sensitive_attribute(adult):
     assert row["aia_advantage"] > 0  # the sample copies half the members
     assert 0 < row["jsd_1way"] <= row["jsd_2way"] <= 1
     assert {"dp_diff_gb_race", "eo_diff_lr_sex"} <= set(row)
+
+
+def test_tstr_multi_class_target_macro_f1_and_one_vs_rest_gaps(adult):
+    """A 4-class target (race as the label): accuracy, macro F1 and one-vs-rest gaps; the binary
+    target keeps fairlearn's numbers."""
+    schema, train, holdout = adult
+    from dpsynth_core.tabular.evaluate import tstr
+
+    multi = schema.model_copy(update={"target": "race", "positive_label": None, "sensitive": ["sex"]})
+    res = tstr(train.head(300), holdout.head(300), multi)
+    for m in ("logreg", "gboost"):
+        assert 0 < res[m]["f1"] <= res[m]["accuracy"] + 1e-9 <= 1  # macro F1 of a skewed label sits below accuracy
+        assert 0 <= res[m]["dp_diff_sex"] <= 1 and 0 <= res[m]["eo_diff_sex"] <= 1
+    binary = tstr(train.head(300), holdout.head(300), schema)
+    assert 0 <= binary["logreg"]["dp_diff_sex"] <= 1

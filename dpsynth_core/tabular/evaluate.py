@@ -94,7 +94,11 @@ def encode_matrix(df: pd.DataFrame, schema: TableSchema, exclude: tuple[str, ...
 
 
 def tstr(synth: pd.DataFrame, real_test: pd.DataFrame, schema: TableSchema, seed: int = 0) -> dict:
-    """Train LR and gradient boosting on ``synth``, test on ``real_test``; accuracy, F1, fairness."""
+    """Train LR and gradient boosting on ``synth``, test on ``real_test``; accuracy, F1, fairness.
+
+    A binary target: F1 of the positive label, fairlearn's demographic-parity and equalized-odds
+    differences. A multi-class target: macro F1, and each gap the largest over the classes taken
+    one-vs-rest (the class whose rate differs most between groups)."""
     from fairlearn.metrics import demographic_parity_difference, equalized_odds_difference
     from sklearn.ensemble import HistGradientBoostingClassifier
     from sklearn.linear_model import LogisticRegression
@@ -102,11 +106,19 @@ def tstr(synth: pd.DataFrame, real_test: pd.DataFrame, schema: TableSchema, seed
 
     if schema.target is None:
         raise DataError(f"schema '{schema.name}': TSTR needs a target column")
-    pos = schema.positive()
-    y_tr = (synth[schema.target] == pos).astype(int).to_numpy()
-    y_te = (real_test[schema.target] == pos).astype(int).to_numpy()
+    classes = list(schema.column(schema.target).categories or [])
+    binary = len(classes) <= 2
+    if binary:
+        pos = schema.positive()
+        y_tr = (synth[schema.target] == pos).astype(int).to_numpy()
+        y_te = (real_test[schema.target] == pos).astype(int).to_numpy()
+    else:
+        codes = {c: i for i, c in enumerate(classes)}
+        y_tr = synth[schema.target].astype(str).map(codes).fillna(-1).astype(int).to_numpy()
+        y_te = real_test[schema.target].astype(str).map(codes).fillna(-1).astype(int).to_numpy()
     X_tr = encode_matrix(synth, schema, (schema.target,))
     X_te = encode_matrix(real_test, schema, (schema.target,))
+    one_vs_rest = [(y_te == 1, None)] if binary else [(y_te == k, k) for k in range(len(classes))]
     results = {}
     models = {
         "logreg": lambda: LogisticRegression(max_iter=2000),
@@ -119,11 +131,16 @@ def tstr(synth: pd.DataFrame, real_test: pd.DataFrame, schema: TableSchema, seed
             clf = make()
             clf.fit(X_tr, y_tr)
             pred = clf.predict(X_te)
-        res = {"accuracy": float(accuracy_score(y_te, pred)), "f1": float(f1_score(y_te, pred, zero_division=0))}
+        f1 = f1_score(y_te, pred, zero_division=0) if binary else f1_score(y_te, pred, average="macro", zero_division=0)
+        res = {"accuracy": float(accuracy_score(y_te, pred)), "f1": float(f1)}
         for a in schema.sensitive:
             sf = real_test[a].astype(str)
-            res[f"dp_diff_{a}"] = float(demographic_parity_difference(y_te, pred, sensitive_features=sf))
-            res[f"eo_diff_{a}"] = float(equalized_odds_difference(y_te, pred, sensitive_features=sf))
+            dp, eo = [], []
+            for truth, k in one_vs_rest:
+                hit = (pred == 1) if k is None else (pred == k)
+                dp.append(demographic_parity_difference(truth.astype(int), hit.astype(int), sensitive_features=sf))
+                eo.append(equalized_odds_difference(truth.astype(int), hit.astype(int), sensitive_features=sf))
+            res[f"dp_diff_{a}"], res[f"eo_diff_{a}"] = float(np.nanmax(dp)), float(np.nanmax(eo))
         results[name] = res
     return results
 
