@@ -34,3 +34,13 @@ def test_bare_command_shows_help_and_exits_2_and_version_exits_0():
     version = _dpsynth("--version")
     assert version.returncode == 0 and version.stdout.startswith("dpsynth ")
 
+
+
+def test_cli_starts_without_importing_torch():
+    """Usage errors and --help answer at once: the CLI's entry imports no torch (seconds on 2 cores)."""
+    import subprocess
+    import sys
+
+    code = "import sys, dpsynth_core.cli.main; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False"]
