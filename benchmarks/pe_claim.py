@@ -218,6 +218,42 @@ def table(rows: list[dict], methods: list[str]) -> str:
     return "\n".join(lines)
 
 
+def analyse(out: Path, config: str) -> str:
+    """Why an ordering fails: per finished run, the downstream accuracy of each generation round's samples
+    alone (same size: WASP's zero-shot round 0 vs its contrastive round 1) and Aug-PE's unique selected
+    samples. Reads the runs' checkpoints (synthetic samples only) and the held-out test set."""
+    import numpy as np
+    import yaml
+
+    from dpsynth_core.pe.checkpoint import load_latest_checkpoint
+    from dpsynth_core.pe.config import PEConfig
+    from dpsynth_core.pe.data_split import split_data
+    from dpsynth_core.pe.embedding import SentenceEmbedding
+    from dpsynth_core.pe.evaluate import downstream_accuracy
+
+    base = yaml.safe_load(Path(config).read_text(encoding="utf-8"))
+    _, test_texts, test_labels, _ = split_data(PEConfig.model_validate(base))  # the public held-out rule
+    embedding = CachedEmbedding(SentenceEmbedding(base.get("embedder", "minilm")))
+    test_emb = embedding.encode(test_texts)
+    per: dict[str, dict[str, list[float]]] = {}
+    for run_dir in sorted(out.glob("seed*/*")):
+        state = load_latest_checkpoint(run_dir) if (run_dir / "checkpoints").is_dir() else None
+        if state is None or not state.population.texts:
+            continue
+        pop, row = state.population, per.setdefault(run_dir.name, {})
+        for rnd in sorted(set(pop.born)):
+            idx = [i for i, b in enumerate(pop.born) if b == rnd]
+            acc = downstream_accuracy(embedding.encode([pop.texts[i] for i in idx]), [pop.labels[i] for i in idx],
+                                      test_emb, test_labels, 0)
+            row.setdefault(f"round{rnd}_acc", []).append(acc)
+        row.setdefault("unique_share", []).append(len(set(pop.texts)) / len(pop.texts))
+    lines = []
+    for name, row in per.items():
+        lines.append(f"{name:<22} " + "  ".join(f"{k} {np.mean(v):.3f} +- {np.std(v, ddof=1) if len(v) > 1 else 0:.3f}"
+                                               f" (n={len(v)})" for k, v in row.items()))
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="configs/wasp_claim.yaml")
@@ -228,13 +264,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads per PLM")
     ap.add_argument("--out", default="/work/figures/wasp_claim")
     ap.add_argument("--table-only", action="store_true", help="print the table of <out>/results.jsonl")
+    ap.add_argument("--analyse", action="store_true", help="per-round accuracy of the finished runs' samples")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
     rows = [json.loads(x) for x in results.read_text().splitlines() if x.strip()] if results.is_file() else []
-    if args.table_only:
+    if args.table_only or args.analyse:
         print(table(rows, args.methods))
+        if args.analyse:
+            print(analyse(out, args.config))
         return
 
     import logging
