@@ -44,6 +44,11 @@ class DistContext:
             torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
         return tensor
 
+    def all_reduce_max_(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+        return tensor
+
 
 def resolve_device(config: DpSgdConfig, local_rank: int = 0) -> torch.device:
     return resolve_placement(config.device, config.dtype, local_rank=local_rank).torch_device()
@@ -166,8 +171,9 @@ class DpSgdEngine:
     ):
         """``clipper_factory(model, max_grad_norm)`` replaces the clipper that ``config.clipping``
         names; only ``benchmarks/dpsgd_overhead.py`` uses it (for its non-private baseline)."""
-        if config.gpu_strategy == "fsdp2":
-            raise ConfigError("field 'gpu_strategy': 'fsdp2' (opacus ghost_fsdp) is not implemented yet; use 'ddp'")
+        if config.gpu_strategy == "fsdp2" and clipper_factory is None:
+            raise ConfigError("field 'gpu_strategy': 'fsdp2' runs in dpsynth_core.dpsgd.fsdp.FsdpDpSgdEngine under a "
+                              "process group (the Ray Train runner); use 'ddp' in process")
         self.config = config
         self.dist = dist
         self.device = device or resolve_device(config)
