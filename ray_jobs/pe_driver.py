@@ -22,7 +22,6 @@ from dpsynth_core.pe.checkpoint import RunState
 from dpsynth_core.pe.pipeline import load_pe_config, run_pipeline
 from dpsynth_core.storage import require_durable_run_dir
 from dpsynth_core.storage_sync import RunMirror, synced_run
-from ray_jobs.cluster import cluster_address, ensure_ray
 from ray_jobs.pe_backends import make_llms, placement_of
 
 RAN_ON_FILE = "ran_on.json"
@@ -39,6 +38,7 @@ class PushEachIteration(Callback):
 
 
 def _driver_node() -> dict:
+    """This process's Ray node (None when every PLM ran in-process and Ray was never started) and host."""
     import ray
 
     node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
@@ -70,8 +70,6 @@ def run_pe(config_path: Path, method: str, resume: bool = True, llm_factory=make
         return llms
 
     started = not ray.is_initialized()
-    if cluster_address():  # join a given cluster even when every PLM runs here: ran_on names this node
-        ensure_ray()
     try:
         with synced_run(run_dir, resume=resume) as mirror:
             cbs = [*callbacks, *([PushEachIteration(mirror)] if mirror else [])]
