@@ -93,7 +93,11 @@ def _train_loop(loop_config: dict) -> None:
     examples = loop_config["source"].load()
     if len(PrivacyUnits.from_user_ids([e.user_id for e in examples])) != plan.n_units:
         raise ConfigError(f"{loop_config['source'].describe()}: the data changed while the job started; run again")
-    engine = DpSgdEngine(
+    engine_class = DpSgdEngine
+    if config.gpu_strategy == "fsdp2":  # sharded weights, opacus ghost_fsdp (dpsynth_core.dpsgd.fsdp)
+        from dpsynth_core.dpsgd.fsdp import FsdpDpSgdEngine as engine_class
+    sharded = config.gpu_strategy == "fsdp2"
+    engine = engine_class(
         examples, config,
         noise_multiplier=plan.noise_multiplier, sampling_seed=secret["sampling_seed"],
         dist=DistContext(rank, world), device=resolve_device(config, ctx.get_local_rank()),
@@ -108,7 +112,10 @@ def _train_loop(loop_config: dict) -> None:
         if state.fingerprint != fingerprint:  # the driver checked; a stale Ray snapshot must not slip in
             raise ConfigError(f"{directory}: checkpoint of another DP-SGD config or privacy plan")
         engine.load_adapter_state(adapter)
-        engine.optimizer.load_state_dict(optimizer)
+        if sharded:
+            engine.load_optimizer_state(optimizer)
+        else:
+            engine.optimizer.load_state_dict(optimizer)
         engine.step = state.step
 
     ckpt = ray.train.get_checkpoint()  # set when Ray restarted the worker group after a failure
@@ -121,11 +128,17 @@ def _train_loop(loop_config: dict) -> None:
     def report(st: TrainState, *, finished: bool = False) -> None:
         metrics = {"step": st.step, "finished": finished, "world_size": world,
                    "loss": st.history[-1]["loss"] if st.history else None}
+        if sharded:  # gathering shards is a collective: every rank joins, rank 0 writes
+            adapter, optimizer = engine.adapter_state(), engine.optimizer_state()
+        else:
+            adapter, optimizer = (engine.adapter_state(), engine.optimizer.state_dict()) if rank == 0 else (None, None)
         if rank != 0:
+            if sharded and finished:
+                engine.save_adapter(None)  # joins the gather; writes nothing off rank 0
             ray.train.report(metrics, checkpoint=None)
             return
         with tempfile.TemporaryDirectory() as tmp:
-            write_checkpoint_files(Path(tmp), engine.adapter_state(), engine.optimizer.state_dict(), st)
+            write_checkpoint_files(Path(tmp), adapter, optimizer, st)
             if finished:
                 engine.save_adapter(Path(tmp) / FINAL_ADAPTER_SUBDIR)
             ray.train.report(
@@ -173,6 +186,8 @@ def run_dp_finetune(
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    if config.gpu_strategy == "fsdp2" and config.clipping != "ghost":
+        raise ConfigError("field 'gpu_strategy': 'fsdp2' needs clipping: ghost (opacus ghost_fsdp)")
     if not is_shippable(source):
         raise ConfigError(
             f"num_workers > 1: the {source.describe()} would have to travel through Ray (task arguments, Train's "
