@@ -72,9 +72,9 @@ class LocalCluster:
                             "--include-dashboard=true", f"--ray-client-server-port={free_port()}",
                             f"--temp-dir={self.temp_dir}"])
         _wait_for_dashboard(self.dashboard_port, head)
-        self._wait(lambda nodes: len(nodes) >= 1, head, "the head did not register", 120.0)
+        self._wait(lambda nodes: len(nodes) >= 1, head, "the head did not register", 300.0)  # slow on a loaded machine
 
-    def add_node(self, num_cpus: int = 1, num_gpus: int = 0, timeout: float = 120.0) -> subprocess.Popen:
+    def add_node(self, num_cpus: int = 1, num_gpus: int = 0, timeout: float = 300.0) -> subprocess.Popen:
         """Join a node (``--num-gpus`` declares logical GPUs; no device needed) and wait until it is alive."""
         before = {n["node_id"] for n in self.alive_nodes()}
         node = self._start([f"--address={self.gcs_address}", f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}"])
