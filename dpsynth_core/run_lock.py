@@ -54,7 +54,7 @@ class RunLock:
         self.path = self.run_dir / LOCK_FILE
         self._fd: int | None = None
         self._reentrant = False  # a nested holding in the process that already owns the run
-        self._created_dir = False
+        self._created_dirs: list[Path] = []  # the run dir and any parents this lock created, innermost first
 
     def _key(self) -> str:
         return os.path.realpath(self.path)
@@ -65,7 +65,10 @@ class RunLock:
         if _HELD.get(self._key()) == os.getpid():  # held by an outer `with` of this process
             self._reentrant = True
             return self
-        self._created_dir = not self.run_dir.exists()
+        missing = self.run_dir
+        while not missing.exists():
+            self._created_dirs.append(missing)
+            missing = missing.parent
         while True:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             try:
@@ -110,11 +113,11 @@ class RunLock:
         _HELD.pop(self._key(), None)
         try:
             self.path.unlink(missing_ok=True)  # while still locked: see the module doc
-            if self._created_dir:
+            for directory in self._created_dirs:  # innermost first; only when empty
                 try:
-                    self.run_dir.rmdir()  # only when empty: a run that wrote nothing leaves nothing
+                    directory.rmdir()  # a run that wrote nothing leaves nothing, not even runs/
                 except OSError:
-                    pass
+                    break
         finally:
             os.close(fd)  # closing the descriptor releases the flock
 
