@@ -214,6 +214,11 @@ def test_kl_term_is_to_the_dp_generator_and_enters_the_reward(artifacts):
     flat = [0.5, 0.5]
     assert rloo_advantages(torch.tensor(flat), 2).abs().max().item() == 0.0
     assert rloo_advantages(torch.tensor(flat) - 0.2 * kl, 2).abs().max().item() > 0.0
+    # the torch engine's step subtracts beta * KL from the reward: flat rewards still move the policy
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-2)
+    stats = anchored_rl_step(policy, tok, opt, prompts=["Write an abstract."], targets=[{}], anchor_examples=[],
+                             gamma=0.0, reward_fn=lambda t, a: [0.5] * len(t), config=cfg, seed=1)
+    assert stats["kl"] != 0.0 and stats["grad_norm"] > 0.0
     # beta > 0 without the reference adapter is refused (never silently KL to the base model)
     bare, _ = load_trainable_policy(artifacts.base_model, artifacts.adapter_dir)
     with pytest.raises(DataError, match="reference adapter"):

@@ -264,7 +264,7 @@ def anchored_rl_step(policy, tokenizer, optimizer, *, prompts: Sequence[str], ta
     synced = accelerator is not None and accelerator.num_processes > 1
     seqs, width, mask, attn, texts = sample_completions(sampler, tokenizer, flat_prompts, config, seed, synced)
     rewards = torch.tensor(reward_fn(texts, flat_targets), dtype=torch.float32)
-    kl = kl_to_reference(policy, seqs, attn, width, mask) if config.beta > 0 else torch.zeros_like(rewards)
+    kl = kl_to_reference(sampler, seqs, attn, width, mask) if config.beta > 0 else torch.zeros_like(rewards)  # unwrapped: set_adapter
     adv = rloo_advantages(rewards - config.beta * kl.cpu(), g).to(policy.device)
     policy.train()
     logp = completion_logprob_mean(policy, seqs, attn, width, mask)
