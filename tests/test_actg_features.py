@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pandas as pd
@@ -97,7 +98,8 @@ def test_marginal_djs_identical_and_different():
         assert same["mean"] == pytest.approx(0.0, abs=1e-9) and same["max"] == pytest.approx(0.0, abs=1e-9)
     other = real.assign(area="Other")
     one = marginal_djs(real, other, 1, SCHEMA.categories())
-    assert one["per_marginal"]["area"] == pytest.approx(1.0)  # disjoint supports
+    # disjoint supports: the largest JS distance in scipy's default base e, sqrt(ln 2)
+    assert one["per_marginal"]["area"] == pytest.approx(math.sqrt(math.log(2)))
     assert one["per_marginal"]["scale"] == pytest.approx(0.0, abs=1e-9)
     two = marginal_djs(real, other, 2, SCHEMA.categories())
     assert set(two["per_marginal"]) == {"area|organism", "area|scale", "organism|scale"}
