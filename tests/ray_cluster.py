@@ -61,17 +61,29 @@ class LocalCluster:
         ports = [f"--{name}={free_port()}" for name in _NODE_PORTS]
         cmd = [str(BIN / "ray"), "start", "--node-ip-address=127.0.0.1", "--disable-usage-stats", *ports, *args,
                "--block"]
-        node = subprocess.Popen(cmd, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
+        log = open(self.temp_dir / f"ray-start-{len(self.nodes)}.log", "wb")  # why a node did not start
+        node = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
         self.nodes.append(node)
         return node
 
-    def start_head(self, num_cpus: int = 1) -> None:
-        head = self._start(["--head", f"--port={self.gcs_port}", "--dashboard-host=127.0.0.1",
-                            f"--dashboard-port={self.dashboard_port}", f"--num-cpus={num_cpus}",
-                            "--include-dashboard=true", f"--ray-client-server-port={free_port()}",
-                            f"--temp-dir={self.temp_dir}"])
-        _wait_for_dashboard(self.dashboard_port, head)
+    def start_head(self, num_cpus: int = 1, attempts: int = 3) -> None:
+        # Ports are picked free, then bound by `ray start` a moment later: another Ray on this machine
+        # (a parallel test worker's) may take one in between, so a failed start is retried on new ports.
+        for attempt in range(attempts):
+            head = self._start(["--head", f"--port={self.gcs_port}", "--dashboard-host=127.0.0.1",
+                                f"--dashboard-port={self.dashboard_port}", f"--num-cpus={num_cpus}",
+                                "--include-dashboard=true", f"--ray-client-server-port={free_port()}",
+                                f"--temp-dir={self.temp_dir}"])
+            try:
+                _wait_for_dashboard(self.dashboard_port, head)
+                break
+            except RuntimeError:
+                self.stop()
+                self.nodes.clear()
+                if attempt == attempts - 1:
+                    raise
+                self.gcs_port, self.dashboard_port = free_port(), free_port()
         self._wait(lambda nodes: len(nodes) >= 1, head, "the head did not register", 300.0)  # slow on a loaded machine
 
     def add_node(self, num_cpus: int = 1, num_gpus: int = 0, timeout: float = 300.0) -> subprocess.Popen:
@@ -129,7 +141,8 @@ def _wait_for_dashboard(port: int, head: subprocess.Popen, timeout: float = 180.
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if head.poll() is not None:
-            raise RuntimeError(f"`ray start --head` exited with code {head.returncode}")
+            raise RuntimeError(f"`ray start --head` exited with code {head.returncode} (log: ray-start-*.log in "
+                               "the cluster's temp dir)")
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/api/version", timeout=5)
             return
