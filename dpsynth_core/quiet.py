@@ -65,6 +65,8 @@ def quiet_process() -> None:
         os.environ.setdefault(key, value)
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
+    # mbi (AIM's estimator) words its own deprecation as a UserWarning about the data frames we pass
+    warnings.filterwarnings("ignore", message="Pandas dataframe inputs are deprecated", category=UserWarning)
     token_logger = logging.getLogger(_RAY_TOKEN_LOGGER)
     if not any(isinstance(f, _DropText) for f in token_logger.filters):
         token_logger.addFilter(_DropText(_RAY_TOKEN_NOTICE))

@@ -20,6 +20,9 @@ numpy's global state, so it is safe next to other threads. The selected cliques 
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 import numpy as np
 
 from dpsynth_core.privacy.randomness import secure_rng, seeded_global_numpy
@@ -56,7 +59,8 @@ def make_aim(epsilon: float, delta: float, rho: float | None = None, **aim_kwarg
                 self.rho = rho
             self._selection_rng = secure_rng()  # fresh per fit; never from a config seed
             self.selections = []
-            return super().AIM(data, workload)
+            with contextlib.redirect_stdout(io.StringIO()):  # smartnoise prints "Initial Sigma" per fit
+                return super().AIM(data, workload)
 
         def _worst_approximated(self, candidates, answers, model, eps, sigma):
             # Same scores as smartnoise-synth 1.0.8; only the random draw differs.
