@@ -132,7 +132,7 @@ def cases(work: Path, p: dict[str, Path], quick: bool) -> list[Case]:
             Case("AIM run (tiny), first time", ["run", "aim", "--config", str(p["aim"])], 0, "epsilon"),
             Case("AIM rerun, finished", ["run", "aim", "--config", str(p["aim"])], 0, "already"),
             Case("AIM rerun with epsilon 4 -> 1", ["run", "aim", "--config", str(p["aim_eps1"])], 2, "epsilon"),
-            Case("eval tabular, bad value on file row 18", ["eval", "tabular", "--run", str(work / "runs" / "aim"),
+            Case("eval tabular, bad value on file row 18", ["eval", "tabular", "--run", str(work / "runs" / "aim" / "aim_tiny"),
                                                             "--real-train", str(p["adult_bad_test"]),
                                                             "--real-test", str(p["adult_bad_test"])], 2, "row 18"),
             Case("train (tiny), first time", ["train", "--config", str(p["train"])], 0, ""),
