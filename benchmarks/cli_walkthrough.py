@@ -63,7 +63,7 @@ def setup(work: Path) -> dict[str, Path]:
     cfg = lambda name: yaml.safe_load((REPO / "configs" / name).read_text())  # noqa: E731
     bad_csv = work / "bad.csv"
     rows = ["abstract,category"] + [f"text number {i} about cells,neuroscience" for i in range(40)]
-    rows[18] = '"",neuroscience'                   # file row 18 (1-based, header = row 1): empty text
+    rows[18] = '"",neuroscience'                   # data row 18 (1-based, after the header): empty text
     bad_csv.write_text("\n".join(rows) + "\n")
     actg = cfg("actg_tiny.yaml")
     actg["output_dir"] = str(work / "runs" / "actg_bad")
@@ -91,11 +91,11 @@ def setup(work: Path) -> dict[str, Path]:
     train["output_dir"] = str(work / "runs" / "train")
     paths["train"] = write_yaml(work / "train.yaml", train)
     paths["train_eps1"] = write_yaml(work / "train_eps1.yaml", {**train, "train": {**train["train"], "epsilon": 1.0}})
-    # eval tabular: a real-test file with a bad value in one row (file row 18)
+    # eval tabular: a real-test file with a bad value in one row
     adult_test = work / "adult_bad_test.csv"
     header = "age,education,sex,hours_per_week,income"
     lines = [header] + [f"{30 + i % 20},Bachelors,Male,40,<=50K" for i in range(40)]
-    lines[17] = "thirty,Bachelors,Male,40,<=50K"
+    lines[17] = "thirty,Bachelors,Male,40,<=50K"   # data row 17 (1-based, after the header), as data check counts
     adult_test.write_text("\n".join(lines) + "\n")
     paths["adult_bad_test"] = adult_test
     return paths
@@ -109,7 +109,7 @@ def cases(work: Path, p: dict[str, Path], quick: bool) -> list[Case]:
         Case("usage: bad type", ["privacy", "epsilon", "-q", "abc", "-s", "1", "-T", "10"], 2, "invalid value"),
         Case("--version", ["--version"], 0, "dpsynth"),
         Case("bare dpsynth", [], 2, "usage"),
-        Case("ACTG, bad data file (empty text on file row 18)", ["run", "actg", "--config", str(p["actg_bad"])], 2,
+        Case("ACTG, bad data file (empty text on data row 18)", ["run", "actg", "--config", str(p["actg_bad"])], 2,
              "row 18", left=str(work / "runs" / "actg_bad")),
         Case("empty config file", ["run", "actg", "--config", str(p["empty"])], 2, "empty", left=str(work / "runs" / "actg_tiny")),
         Case("DPFairLLM, delta = 1", ["run", "dpfair", "--config", str(p["dpfair_delta"])], 2, "delta",
@@ -132,9 +132,9 @@ def cases(work: Path, p: dict[str, Path], quick: bool) -> list[Case]:
             Case("AIM run (tiny), first time", ["run", "aim", "--config", str(p["aim"])], 0, "epsilon"),
             Case("AIM rerun, finished", ["run", "aim", "--config", str(p["aim"])], 0, "already"),
             Case("AIM rerun with epsilon 4 -> 1", ["run", "aim", "--config", str(p["aim_eps1"])], 2, "epsilon"),
-            Case("eval tabular, bad value on file row 18", ["eval", "tabular", "--run", str(work / "runs" / "aim" / "aim_tiny"),
+            Case("eval tabular, bad value on data row 17", ["eval", "tabular", "--run", str(work / "runs" / "aim" / "aim_tiny"),
                                                             "--real-train", str(p["adult_bad_test"]),
-                                                            "--real-test", str(p["adult_bad_test"])], 2, "row 18"),
+                                                            "--real-test", str(p["adult_bad_test"])], 2, "row 17"),
             Case("train (tiny), first time", ["train", "--config", str(p["train"])], 0, ""),
             Case("train rerun, finished", ["train", "--config", str(p["train"])], 0, "already"),
             Case("train rerun with epsilon 2 -> 1", ["train", "--config", str(p["train_eps1"])], 2, "epsilon"),
@@ -150,9 +150,9 @@ def lock_case(work: Path, p: dict[str, Path]) -> tuple[str, int, str, str, bool]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     first = subprocess.Popen([DPSYNTH, "run", "aim", "--config", str(path)], cwd=work, env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    lock = work / "runs" / "aim_lock" / ".lock"
-    deadline = time.monotonic() + 300
-    while not lock.exists() and first.poll() is None and time.monotonic() < deadline:
+    deadline = time.monotonic() + 300  # the run dir is output_dir/name: wait for its lock file
+    while (not list((work / "runs" / "aim_lock").glob("**/.lock")) and first.poll() is None
+           and time.monotonic() < deadline):
         time.sleep(0.2)
     rc, text, _ = run(["run", "aim", "--config", str(path)], work)
     first.wait(timeout=900)
