@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -47,6 +48,9 @@ class LocalCluster:
     gcs_port: int = field(default_factory=free_port)
     dashboard_port: int = field(default_factory=free_port)
     nodes: list[subprocess.Popen] = field(default_factory=list)
+    # Ray's AF_UNIX socket paths (under --temp-dir) must stay below 108 bytes; pytest's tmp paths
+    # (longer under xdist: .../popen-gw0/...) do not, so Ray's own files go to a short /tmp dir.
+    ray_temp_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp")))
 
     @property
     def address(self) -> str:
@@ -67,23 +71,12 @@ class LocalCluster:
         self.nodes.append(node)
         return node
 
-    def start_head(self, num_cpus: int = 1, attempts: int = 3) -> None:
-        # Ports are picked free, then bound by `ray start` a moment later: another Ray on this machine
-        # (a parallel test worker's) may take one in between, so a failed start is retried on new ports.
-        for attempt in range(attempts):
-            head = self._start(["--head", f"--port={self.gcs_port}", "--dashboard-host=127.0.0.1",
-                                f"--dashboard-port={self.dashboard_port}", f"--num-cpus={num_cpus}",
-                                "--include-dashboard=true", f"--ray-client-server-port={free_port()}",
-                                f"--temp-dir={self.temp_dir}"])
-            try:
-                _wait_for_dashboard(self.dashboard_port, head)
-                break
-            except RuntimeError:
-                self.stop()
-                self.nodes.clear()
-                if attempt == attempts - 1:
-                    raise
-                self.gcs_port, self.dashboard_port = free_port(), free_port()
+    def start_head(self, num_cpus: int = 1) -> None:
+        head = self._start(["--head", f"--port={self.gcs_port}", "--dashboard-host=127.0.0.1",
+                            f"--dashboard-port={self.dashboard_port}", f"--num-cpus={num_cpus}",
+                            "--include-dashboard=true", f"--ray-client-server-port={free_port()}",
+                            f"--temp-dir={self.ray_temp_dir}"])
+        _wait_for_dashboard(self.dashboard_port, head)
         self._wait(lambda nodes: len(nodes) >= 1, head, "the head did not register", 300.0)  # slow on a loaded machine
 
     def add_node(self, num_cpus: int = 1, num_gpus: int = 0, timeout: float = 300.0) -> subprocess.Popen:
@@ -142,7 +135,7 @@ def _wait_for_dashboard(port: int, head: subprocess.Popen, timeout: float = 180.
     while time.monotonic() < deadline:
         if head.poll() is not None:
             raise RuntimeError(f"`ray start --head` exited with code {head.returncode} (log: ray-start-*.log in "
-                               "the cluster's temp dir)")
+                               "the cluster's temp_dir)")
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/api/version", timeout=5)
             return
