@@ -124,8 +124,13 @@ class GhostClipper(PerSampleClipper):
         self.last_norms = self._gsm.per_sample_gradient_norms.detach()
         for buf, p in zip(buffers, self.params):
             if p.grad is not None:
-                buf.add_(p.grad.to(buf.dtype))
+                buf.add_(self._local_grad(p.grad).to(buf.dtype))
             p.grad = None
+
+    @staticmethod
+    def _local_grad(grad: torch.Tensor) -> torch.Tensor:
+        """This process's part of a gradient (all of it here; a shard under FSDP)."""
+        return grad
 
 
 def make_clipper(mode: str, model: nn.Module, max_grad_norm: float) -> PerSampleClipper:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dpsynth_core.dpsgd.clipping import PerSampleClipper, _ZeroGrad
+from dpsynth_core.dpsgd.clipping import GhostClipper, PerSampleClipper, _ZeroGrad
 from dpsynth_core.dpsgd.engine import DpSgdEngine, derived_seed
 from dpsynth_core.dpsgd.sampling import physical_chunks
 
@@ -34,7 +34,7 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-class FsdpGhostClipper(PerSampleClipper):
+class FsdpGhostClipper(GhostClipper):
     """Shards ``model`` with opacus' ``FSDP2Wrapper`` and clips per row with ghost clipping. The
     buffers it fills are this rank's shards of the summed clipped gradient."""
 
@@ -51,27 +51,15 @@ class FsdpGhostClipper(PerSampleClipper):
             if isinstance(module, FSDPModule):
                 module.set_gradient_divide_factor(1.0)  # a sum over ranks: clipped sums add up
                 module.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no PREMUL_SUM)
-        super().__init__(sharded, max_grad_norm)  # params are the sharded (DTensor) ones now
+        PerSampleClipper.__init__(self, sharded, max_grad_norm)  # params are the sharded (DTensor) ones now
         self._gsm = GradSampleModuleFastGradientClippingFSDP(
             sharded, batch_first=True, loss_reduction="sum", max_grad_norm=self.max_grad_norm, strict=False,
         )
         self._zero = _ZeroGrad(self.params)
 
-    @property
-    def module(self) -> nn.Module:
-        return self._gsm
-
-    def accumulate(self, row_losses, row_unit, n_units, buffers):
-        from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
-
-        if n_units != len(row_losses):
-            raise ValueError("ghost clipping needs exactly one row per privacy unit")
-        DPTensorFastGradientClipping(self._gsm, self._zero, row_losses, loss_reduction="sum").backward()
-        self.last_norms = self._gsm.per_sample_gradient_norms.detach()
-        for buf, p in zip(buffers, self.params):
-            if p.grad is not None:
-                buf.add_(_local(p.grad).to(buf.dtype))
-            p.grad = None
+    @staticmethod
+    def _local_grad(grad: torch.Tensor) -> torch.Tensor:
+        return _local(grad)  # this rank's shard of the reduce-scattered sum
 
 
 class FsdpDpSgdEngine(DpSgdEngine):
