@@ -4,7 +4,6 @@ DP stage; the privacy calculators answer or refuse within seconds."""
 from __future__ import annotations
 
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import yaml
 from pydantic import BaseModel
 
 from dpsynth_core.config import caps_of
+from cli_in_process import dpsynth
 from dpsynth_core.errors import ConfigError
 
 # Integer/float knobs that scale work or memory: each must carry a cap (dpsynth_core.config.cap).
@@ -62,20 +62,6 @@ def test_actg_generator_dict_is_capped_by_its_dpsgd_fields(tmp_path):
     cfg.write_text(yaml.safe_dump({"generator": {"steps": 10**9}}))
     with pytest.raises(ConfigError, match=r"field 'generator\.steps': at most 100,000"):
         load_actg_config(cfg)
-
-
-def dpsynth(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    from dpsynth_core.cli.main import app
-
-    monkeypatch.setattr(sys, "argv", ["dpsynth", *args])
-    code = 0
-    try:
-        app()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out + out.err
-
 
 def test_best_of_n_100000_refused_before_any_stage(tmp_path, monkeypatch, capsys):
     run_dir = tmp_path / "run"

@@ -4,32 +4,17 @@ config load; `--check` runs only the pre-flight and writes nothing."""
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from cli_in_process import dpsynth
 from dpsynth_core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "Zebra-7731 secret abstract"
-
-
-def dpsynth(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    """Run the `dpsynth` console entry in this process: (exit code, stdout + stderr)."""
-    from dpsynth_core.cli.main import app
-
-    monkeypatch.setattr(sys, "argv", ["dpsynth", *args])
-    code = 0
-    try:
-        app()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out + out.err
-
 
 def write_yaml(path: Path, data: dict) -> Path:
     path.write_text(yaml.safe_dump(data), encoding="utf-8")
