@@ -21,6 +21,9 @@ from dpsynth_core.errors import ConfigError
 
 DeviceChoice = Literal["auto", "cpu", "cuda"]
 DtypeChoice = Literal["auto", "bf16", "fp32"]
+# The generation engines spell dtypes as torch/vLLM do; both spellings mean the same placement.
+_DTYPE_ALIASES = {"auto": "auto", "bf16": "bf16", "fp32": "fp32", "bfloat16": "bf16", "float32": "fp32",
+                  "fp16": "fp16", "float16": "fp16"}
 
 
 def gpu_visible() -> bool:
@@ -38,7 +41,7 @@ class Placement:
     """A stage's device ("cpu" or "cuda") with its index, and the dtype of frozen weights."""
 
     device: str
-    dtype: str  # "bf16" | "fp32"
+    dtype: str  # "bf16" | "fp32" | "fp16" (Serve replicas may ask for fp16)
     index: int = 0
 
     @property
@@ -53,18 +56,21 @@ class Placement:
     def torch_dtype(self):
         import torch
 
-        return torch.bfloat16 if self.dtype == "bf16" else torch.float32
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.dtype, torch.float32)
 
 
-def resolve_placement(device: DeviceChoice = "auto", dtype: DtypeChoice = "auto", *, local_rank: int = 0) -> Placement:
-    """The placement a stage uses; ``cuda`` on a machine without a visible GPU is a ConfigError."""
+def resolve_placement(device: DeviceChoice = "auto", dtype: DtypeChoice = "auto", *, local_rank: int = 0,
+                      section: str = "") -> Placement:
+    """The placement a stage uses; ``cuda`` on a machine without a visible GPU is a ConfigError.
+    ``section`` (e.g. ``"rl."``) prefixes the field names in errors, so they point at the stage."""
     if device not in ("auto", "cpu", "cuda"):
-        raise ConfigError(f"field 'device': expected auto, cpu or cuda, got {device!r}")
-    if dtype not in ("auto", "bf16", "fp32"):
-        raise ConfigError(f"field 'dtype': expected auto, bf16 or fp32, got {dtype!r}")
+        raise ConfigError(f"field '{section}device': expected auto, cpu or cuda, got {device!r}")
+    if dtype not in _DTYPE_ALIASES:
+        raise ConfigError(f"field '{section}dtype': expected auto, bf16 or fp32, got {dtype!r}")
+    dtype = _DTYPE_ALIASES[dtype]
     if device == "cuda" and not gpu_visible():
         raise ConfigError(
-            "field 'device': 'cuda' requested but this process sees no GPU (no CUDA build of torch, no "
+            f"field '{section}device': 'cuda' requested but this process sees no GPU (no CUDA build of torch, no "
             "driver, or a Ray task that requested no GPU); use device: auto or cpu"
         )
     on_gpu = device == "cuda" or (device == "auto" and gpu_visible())

@@ -50,6 +50,9 @@ class BatchGenerateConfig(StrictConfig):
     batch_size: Annotated[int, BATCH_CAP] = Field(16, gt=0)
     cpus_per_actor: float = Field(1.0, gt=0)
     gpus_per_actor: float = Field(0.0, ge=0)
+    # where each actor's model runs (dpsynth_core.devices): auto is the GPU when gpus_per_actor gives one
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     shard_size: Annotated[int, cap(10_000_000, 'rows per output file')] = Field(1000, gt=0)
     output_dir: RunDirPath = Path("runs/batch_generate")  # a path or file:// URI (shared storage on a cluster)
     output_format: Literal["parquet", "jsonl"] = "parquet"
@@ -60,6 +63,8 @@ class BatchGenerateConfig(StrictConfig):
             raise ValueError("give exactly one of 'prompts_file' or 'prompt'")
         if self.logits_processor and self.engine == "vllm":
             raise ValueError("field 'logits_processor': a transformers logits processor needs engine 'hf'")
+        if self.device == "cuda" and self.gpus_per_actor <= 0:
+            raise ValueError("device 'cuda' needs gpus_per_actor > 0: Ray hides GPUs from an actor that asks for none")
         return self
 
     def engine_config(self):
@@ -68,7 +73,7 @@ class BatchGenerateConfig(StrictConfig):
         return EngineConfig(model=self.model, adapter_dir=self.adapter_dir,
                             backend="hf" if self.logits_processor else self.engine,
                             hf_batch_size=self.batch_size, torch_threads=max(1, int(self.cpus_per_actor)),
-                            max_model_len=2048 + self.max_new_tokens)
+                            max_model_len=2048 + self.max_new_tokens, device=self.device, dtype=self.dtype)
 
 
 def load_prompts(config: BatchGenerateConfig) -> list[str]:

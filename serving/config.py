@@ -52,7 +52,11 @@ class ModelDeploymentConfig(StrictConfig):
     num_cpus: float = Field(1.0, ge=0)
     num_gpus: float = Field(0.0, ge=0)
     torch_threads: int = Field(2, ge=1)
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # auto: the GPU when the replica sees one (it does only with num_gpus > 0), else the CPU;
+    # cuda without a GPU fails when the replica starts, before it serves anything.
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # auto: bfloat16 on a GPU, float32 on CPU (vLLM: bfloat16 either way)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     merge_adapter: bool = True  # merge LoRA into the base weights: same outputs, faster decoding
     vllm_engine_kwargs: dict = Field(default_factory=dict)  # passed to vllm AsyncEngineArgs
     kv_cache_gib: float = Field(4.0, gt=0)  # vLLM on CPU: KV-cache memory per replica (VLLM_CPU_KVCACHE_SPACE)
@@ -63,6 +67,12 @@ class ModelDeploymentConfig(StrictConfig):
         if not _NAME_RE.match(value):
             raise ValueError("must be 1-64 characters of letters, digits, '.', '_' or '-'")
         return value
+
+    @model_validator(mode="after")
+    def _gpu_replica_asks_for_one(self) -> ModelDeploymentConfig:
+        if self.device == "cuda" and self.num_gpus <= 0:
+            raise ValueError("device 'cuda' needs num_gpus > 0: Ray hides GPUs from a replica that asks for none")
+        return self
 
     def ongoing_requests(self) -> int:
         return self.max_ongoing_requests or 2 * self.max_batch_size

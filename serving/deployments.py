@@ -50,7 +50,8 @@ class Generator:
         s = self.settings
         from dpsynth_core.engines import EngineConfig, resolve_backend
 
-        self.engine = resolve_backend(EngineConfig(model=s.model, backend=s.backend))  # "vllm" or "hf"
+        # "vllm" or "hf"; a replica forced onto a device it cannot see fails here, before serving
+        self.engine = resolve_backend(EngineConfig(model=s.model, backend=s.backend, device=s.device))
         if self.engine == "vllm":
             from serving.vllm_backend import VLLMBackend
 
@@ -60,7 +61,7 @@ class Generator:
         else:
             from serving.hf_backend import HFBackend
 
-            self.backend = HFBackend(s.model, s.adapter, dtype=s.dtype, torch_threads=s.torch_threads,
+            self.backend = HFBackend(s.model, s.adapter, dtype=s.dtype, device=s.device, torch_threads=s.torch_threads,
                                      merge_adapter=s.merge_adapter, max_prompt_tokens=self.limits.max_prompt_tokens)
             self._run_batch.set_max_batch_size(s.max_batch_size)
             self._run_batch.set_batch_wait_timeout_s(s.batch_wait_timeout_s)

@@ -15,21 +15,23 @@ import torch
 from dpsynth_core.errors import ConfigError
 from serving.schemas import RequestLimitError, SequenceJob, SequenceOutput, truncate_at_stop
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-
-def load_model(model: str, adapter: str | None, *, dtype: str = "float32", merge_adapter: bool = True):
-    """``(model, tokenizer)`` from the registry, with a peft LoRA adapter applied if given."""
+def load_model(model: str, adapter: str | None, *, dtype: str = "auto", merge_adapter: bool = True,
+               device: str = "auto"):
+    """``(model, tokenizer)`` from the registry on the replica's placement (``devices``), with a
+    peft LoRA adapter applied if given."""
+    from dpsynth_core.devices import place_model, resolve_placement
     from dpsynth_core.models import load_causal_lm
 
-    lm, tokenizer = load_causal_lm(model, dtype=_DTYPES[dtype])
+    placement = resolve_placement(device, dtype)
+    lm, tokenizer = load_causal_lm(model, placement=placement)
     if adapter is not None:
         adapter_dir = Path(adapter).expanduser()
         if not (adapter_dir / "adapter_config.json").is_file():
             raise ConfigError(f"{adapter_dir}: not a LoRA adapter directory (no adapter_config.json)")
         from peft import PeftModel
 
-        lm = PeftModel.from_pretrained(lm, str(adapter_dir))
+        lm = place_model(PeftModel.from_pretrained(lm, str(adapter_dir)), placement)
         if merge_adapter:
             lm = lm.merge_and_unload()
         lm.eval()
@@ -84,13 +86,15 @@ class HFBackend:
         model: str,
         adapter: str | None = None,
         *,
-        dtype: str = "float32",
+        dtype: str = "auto",
         torch_threads: int = 2,
         merge_adapter: bool = True,
         max_prompt_tokens: int = 2048,
+        device: str = "auto",
     ) -> None:
         torch.set_num_threads(torch_threads)
-        self.model, self.tokenizer = load_model(model, adapter, dtype=dtype, merge_adapter=merge_adapter)
+        self.model, self.tokenizer = load_model(model, adapter, dtype=dtype, merge_adapter=merge_adapter, device=device)
+        self.device = self.model.device
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
         self.pad_id = self.tokenizer.pad_token_id
         self.max_prompt_tokens = max_prompt_tokens
@@ -143,16 +147,16 @@ class HFBackend:
                     done[r] = True
             if all(done):
                 break
-            out = self.model(
-                input_ids=step_ids,
-                attention_mask=attention,
-                position_ids=positions,
+            out = self.model(  # index tensors live on CPU; only the forward runs on the model's device
+                input_ids=step_ids.to(self.device),
+                attention_mask=attention.to(self.device),
+                position_ids=positions.to(self.device),
                 past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=1,
             )
             cache = out.past_key_values
-            next_ids = sample_next(out.logits[:, -1, :], jobs, generators)
+            next_ids = sample_next(out.logits[:, -1, :].cpu(), jobs, generators)  # per-row CPU generators
             for r, token in enumerate(next_ids.tolist()):
                 if done[r]:
                     continue

@@ -15,9 +15,9 @@ from serving.schemas import RequestLimitError, SequenceJob, SequenceOutput, trun
 
 
 def _on_cuda() -> bool:
-    import torch
+    from dpsynth_core.devices import gpu_visible
 
-    return torch.cuda.is_available()
+    return gpu_visible()
 
 
 def engine_args(model_dir: str, *, dtype: str, kv_cache_gib: float, lora_rank: int | None, extra: dict) -> dict:
@@ -25,7 +25,7 @@ def engine_args(model_dir: str, *, dtype: str, kv_cache_gib: float, lora_rank: i
     kwargs: dict = {
         "model": model_dir, "tokenizer": model_dir,
         # float32 is the HF default here; vLLM's kernels want half precision (bf16 on CPU and GPU).
-        "dtype": "bfloat16" if dtype == "float32" else dtype,
+        "dtype": "bfloat16" if dtype in ("float32", "auto") else dtype,
         "max_model_len": 2048,
         # Split prefills rewind seeded generators (set_offset), which CPU generators lack.
         "enable_chunked_prefill": False,
@@ -42,7 +42,7 @@ def engine_args(model_dir: str, *, dtype: str, kv_cache_gib: float, lora_rank: i
 
 
 class VLLMBackend:
-    def __init__(self, model: str, adapter: str | None = None, *, dtype: str = "float32",
+    def __init__(self, model: str, adapter: str | None = None, *, dtype: str = "auto",
                  max_prompt_tokens: int = 2048, engine_kwargs: dict | None = None, merge_adapter: bool = False,
                  kv_cache_gib: float = 4.0) -> None:
         try:

@@ -26,30 +26,33 @@ def lora_rank(adapter_dir: Path) -> int:
     return int(config.get("r", 8))
 
 
-def load_hf_model(model: str, adapter_dir: Path | None, dtype):
-    """(model, tokenizer) in eval mode: the base, the base with the LoRA adapter, or a merged model."""
+def load_hf_model(model: str, adapter_dir: Path | None, placement):
+    """(model, tokenizer) in eval mode on ``placement`` (``devices.Placement``): the base, the base
+    with the LoRA adapter, or a merged model."""
+    from dpsynth_core.devices import place_model
     from dpsynth_core.models import load_causal_lm, load_tokenizer
 
     if adapter_dir is None:
-        return load_causal_lm(model, dtype=dtype)
+        return load_causal_lm(model, placement=placement)
     if adapter_kind(adapter_dir) == "merged":
-        return load_causal_lm(str(adapter_dir), dtype=dtype)
+        return load_causal_lm(str(adapter_dir), placement=placement)
     from peft import PeftModel
 
-    base, _ = load_causal_lm(model, dtype=dtype)
+    base, _ = load_causal_lm(model, placement=placement)
     peft_model = PeftModel.from_pretrained(base, str(adapter_dir))
+    place_model(peft_model, placement)  # the adapter's weights join the base's device
     peft_model.eval()
     return peft_model, load_tokenizer(model)
 
 
 def merge_adapter(model: str, adapter_dir: Path, out: Path) -> Path:
     """Base + LoRA merged into one plain HF directory (float32, with tokenizer) at ``out``."""
-    import torch
-
+    from dpsynth_core.devices import Placement
     from dpsynth_core.files import atomic_dir
 
     def build(staging: Path) -> None:
-        peft_model, tokenizer = load_hf_model(model, adapter_dir, torch.float32)
+        # merged on CPU in fp32: a one-off copy that vLLM then loads in its own dtype
+        peft_model, tokenizer = load_hf_model(model, adapter_dir, Placement("cpu", "fp32"))
         merged = peft_model.merge_and_unload()
         merged.save_pretrained(str(staging), safe_serialization=True)
         tokenizer.save_pretrained(str(staging))

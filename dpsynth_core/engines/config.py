@@ -23,7 +23,10 @@ class EngineConfig(StrictConfig):
     model: str = DEFAULT_CAUSAL_LM  # registry name, local HF directory or hub id
     adapter_dir: Path | None = None  # a peft LoRA adapter (DP-SGD output) or a merged model directory
     backend: Backend = "auto"  # auto: vllm when importable and it supports the model, else hf
-    # "auto": bfloat16 under vLLM (its CPU kernels want it), float32 under HF (what the project trains in).
+    # auto: the GPU when this process sees one (a Ray task that asked for one), else the CPU; cuda
+    # without a GPU is a ConfigError before the model loads. vLLM runs where its build runs.
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # "auto": bfloat16 under vLLM (its CPU kernels want it) and for HF on a GPU, float32 for HF on CPU.
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # vLLM only
     max_model_len: int = Field(512, ge=16)  # prompt + completion tokens per sequence

