@@ -22,8 +22,10 @@ from ray_jobs.cluster import OFFLINE_ENV, ensure_ray, stage_options
 class PLMActor:
     """Holds one :class:`LocalLLM` (vLLM or HF engine) in a Ray worker process."""
 
-    def __init__(self, model: str, batch_size: int, num_threads: int, engine: str = "auto") -> None:
-        self.llm = LocalLLM(model, batch_size=batch_size, num_threads=num_threads, engine=engine)
+    def __init__(self, model: str, batch_size: int, num_threads: int, engine: str = "auto",
+                 device: str = "auto", dtype: str = "auto") -> None:
+        self.llm = LocalLLM(model, batch_size=batch_size, num_threads=num_threads, engine=engine,
+                            device=device, dtype=dtype)
 
     def generate(self, prompts: list[str], params: GenerationParams) -> list[str]:
         return self.llm.generate(prompts, params)
@@ -48,7 +50,8 @@ class _RefResult:
 
 def plm_resources(cfg: PLMConfig) -> StageResources:
     """The PLM's Ray request: ``resources`` when given (a GPU PLM says ``gpus: 1``), else its torch threads' CPUs."""
-    return (cfg.resources or StageResources()).over(StageResources(cpus=cfg.num_threads, gpus=0))
+    gpus = 1 if cfg.device == "cuda" else 0  # device: cuda must see one (Ray hides GPUs otherwise)
+    return (cfg.resources or StageResources()).over(StageResources(cpus=cfg.num_threads, gpus=gpus))
 
 
 class RayActorLLM(LLM):
@@ -58,7 +61,7 @@ class RayActorLLM(LLM):
         self.name = cfg.display_name
         opts = stage_options(plm_resources(cfg), f"PLM {cfg.display_name}")
         self.actor = PLMActor.options(**opts, runtime_env={"env_vars": OFFLINE_ENV}).remote(
-            cfg.model, cfg.batch_size, cfg.num_threads, cfg.engine
+            cfg.model, cfg.batch_size, cfg.num_threads, cfg.engine, cfg.device, cfg.dtype
         )
 
     def wait_ready(self) -> None:
@@ -162,7 +165,7 @@ def deploy_serve_plms(plms: Sequence[PLMConfig], max_new_tokens: int = 512, app_
         app_name=app_name,
         models=[{"name": n, "model": p.model, "max_batch_size": p.batch_size, "num_cpus": r.cpus,
                  "num_gpus": r.gpus or 0, "torch_threads": p.num_threads, "max_ongoing_requests": 1024,
-                 "backend": p.engine}
+                 "backend": p.engine, "device": p.device, "dtype": p.dtype}
                 for n, p, r in zip(names, plms, (plm_resources(p) for p in plms))],
         http={"enabled": False},
         limits={"max_tokens": max(512, max_new_tokens), "max_prompts": 64, "max_sequences": 256},
@@ -186,7 +189,7 @@ def make_llms(plms: Sequence[PLMConfig], max_new_tokens: int = 512) -> list[LLM]
     for k, p in enumerate(plms):
         if p.backend == "hf":
             out.append(LocalLLM(p.model, batch_size=p.batch_size, num_threads=p.num_threads, name=p.display_name,
-                                engine=p.engine))
+                                engine=p.engine, device=p.device, dtype=p.dtype))
         elif p.backend == "ray_actor":
             out.append(RayActorLLM(p))
         elif p.backend == "serve":

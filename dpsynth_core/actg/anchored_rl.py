@@ -116,6 +116,14 @@ class AnchoredRLConfig(StrictConfig):
     # plain torch below (no Trainer machinery; its accelerate path is the ZeRO-3 route).
     engine: Literal["trl", "torch"] = "trl"
     use_accelerate: bool = False  # engine "torch" on GPU clusters: DeepSpeed ZeRO-3 via accelerate (unmeasured here)
+    # where the policy trains (dpsynth_core.devices); LoRA weights stay fp32 under a bf16 base
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "bf16", "fp32"] = "auto"
+
+    def placement(self):
+        from dpsynth_core.devices import resolve_placement
+
+        return resolve_placement(self.device, self.dtype, section="rl.")
 
     def gamma_schedule(self) -> GammaSchedule:
         return GammaSchedule(self.gamma0, self.gamma1, self.steps, self.schedule, self.step_at)
@@ -291,20 +299,23 @@ def anchored_rl_step(policy, tokenizer, optimizer, *, prompts: Sequence[str], ta
 # ---------------------------------------------------------------------------------------------
 # the stage
 # ---------------------------------------------------------------------------------------------
-def load_trainable_policy(base_model: str, adapter_dir: Path, with_reference: bool = False):
+def load_trainable_policy(base_model: str, adapter_dir: Path, with_reference: bool = False, placement=None):
     """The DP generator (base + LoRA adapter) with its LoRA weights trainable; ``with_reference``
     adds a frozen copy of the DP adapter named "ref" (the KL reference of the torch engine; trl
-    makes the same copy itself)."""
+    makes the same copy itself). ``placement`` (``devices.Placement``; default CPU fp32) puts it
+    on its device, the trainable LoRA weights in fp32."""
     from peft import PeftModel
 
+    from dpsynth_core.devices import place_model, resolve_placement
     from dpsynth_core.models import load_causal_lm
 
-    base, tokenizer = load_causal_lm(base_model)
+    placement = placement or resolve_placement("cpu")
+    base, tokenizer = load_causal_lm(base_model, placement=placement)
     policy = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
     if with_reference:
         policy.load_adapter(str(adapter_dir), adapter_name="ref", is_trainable=False)
         policy.set_adapter("default")
-    return policy, tokenizer
+    return place_model(policy, placement), tokenizer
 
 
 def read_anchor_set(path: Path) -> list[dict]:
@@ -338,6 +349,7 @@ def run_anchored_rl(artifacts: RLArtifacts, config: AnchoredRLConfig, output_dir
     from dpsynth_core.actg.schema import load_schema
     from dpsynth_core.dpsgd import TrainExample
 
+    placement = config.placement()  # a forced device this process cannot see fails before any file is read
     assert_no_private_paths(artifacts)
     schema = load_schema(artifacts.schema_path)
     table = pd.read_csv(artifacts.attributes_path, dtype=str, keep_default_na=False)
@@ -347,7 +359,7 @@ def run_anchored_rl(artifacts: RLArtifacts, config: AnchoredRLConfig, output_dir
     if reward_fn is None:
         from dpsynth_core.actg.extractors import build_extractor
 
-        extractor = build_extractor(artifacts.extractor or "embedding", schema)
+        extractor = build_extractor(artifacts.extractor or "embedding", schema)  # the reward's own placement
         reward_fn = extractor.ifacc
 
     def prompt_of(row: dict) -> str:
@@ -359,7 +371,8 @@ def run_anchored_rl(artifacts: RLArtifacts, config: AnchoredRLConfig, output_dir
         raise DataError(f"{artifacts.anchors_path}: every anchor text is empty")
     torch.manual_seed(config.seed)
     policy, tokenizer = load_trainable_policy(artifacts.base_model, artifacts.adapter_dir,
-                                              with_reference=config.engine == "torch" and config.beta > 0)
+                                              with_reference=config.engine == "torch" and config.beta > 0,
+                                              placement=placement)
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     accelerator = None
@@ -371,7 +384,7 @@ def run_anchored_rl(artifacts: RLArtifacts, config: AnchoredRLConfig, output_dir
         targets = [attribute_rows[i % len(attribute_rows)] for i in range(n)]
         history = train_with_trl(policy, tokenizer, prompts=[prompt_of(r) for r in targets], targets=targets,
                                  anchor_examples=anchor_examples, reward_fn=reward_fn, config=config,
-                                 output_dir=output_dir, progress=progress)
+                                 output_dir=output_dir, progress=progress, placement=placement)
     else:
         params = [p for p in policy.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=0.0)

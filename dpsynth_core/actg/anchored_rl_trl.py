@@ -70,7 +70,7 @@ def _anchored_trainer_class():
 
 def train_with_trl(policy, tokenizer, *, prompts: list[str], targets: list[dict], anchor_examples: list,
                    reward_fn: RewardFn, config: AnchoredRLConfig, output_dir: Path,
-                   progress: bool) -> list[dict]:
+                   progress: bool, placement=None) -> list[dict]:
     """Run Anchored RLOO on trl; returns the per-step history (step, gamma, reward, losses)."""
     import torch
     from datasets import Dataset
@@ -81,6 +81,7 @@ def train_with_trl(policy, tokenizer, *, prompts: list[str], targets: list[dict]
                                             [json.loads(a) for a in attributes])]
 
     ifacc_reward.__name__ = "ifacc"
+    on_gpu = placement.on_gpu if placement is not None else torch.cuda.is_available()
     dataset = Dataset.from_list([{"prompt": p, "attributes": json.dumps(t, sort_keys=True)}
                                  for p, t in zip(prompts, targets)])
     scratch = Path(output_dir) / ".trl"
@@ -91,7 +92,8 @@ def train_with_trl(policy, tokenizer, *, prompts: list[str], targets: list[dict]
         max_completion_length=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
         learning_rate=config.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
         max_grad_norm=config.max_grad_norm, beta=config.beta, normalize_advantages=False,
-        use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available(),
+        # the stage's placement (devices.py), not whatever torch sees: a config can keep RL on the CPU
+        use_cpu=not on_gpu, bf16=on_gpu and placement.dtype == "bf16",
         report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=not progress,
         remove_unused_columns=False, dataloader_num_workers=0,
     )

@@ -147,15 +147,16 @@ class LMChoiceExtractor(AttributeExtractor):
 
     def __init__(self, schema: AttributeSchema, model: str | tuple = "smollm2-135m-instruct",
                  max_text_tokens: int = 256, length_normalise: bool = True,
-                 calibrate: bool = True, use_cache: bool = True, progress: bool = False) -> None:
+                 calibrate: bool = True, use_cache: bool = True, progress: bool = False, placement=None) -> None:
         super().__init__(schema)
         import torch
 
         if isinstance(model, str):
             from dpsynth_core.models import load_causal_lm
 
-            model = load_causal_lm(model)
+            model = load_causal_lm(model, placement=placement)
         self.model, self.tokenizer = model
+        self.device = self.model.device
         self.model.eval()
         self.max_text_tokens = max_text_tokens
         self.length_normalise = length_normalise
@@ -205,7 +206,7 @@ class LMChoiceExtractor(AttributeExtractor):
         with torch.inference_mode():
             cache = None
             if self.use_cache:
-                out = self.model(input_ids=torch.tensor([prefix]), use_cache=True)
+                out = self.model(input_ids=torch.tensor([prefix], device=self.device), use_cache=True)
                 cache = out.past_key_values
             for f in self.schema.fields:
                 scores[f.name] = self._score_field(prefix, cache, f.name)
@@ -217,15 +218,16 @@ class LMChoiceExtractor(AttributeExtractor):
         question = self._field_ids[name]
         n, width = len(options), max(len(o) for o in options)
         pad = self.tokenizer.pad_token_id
-        opt = torch.full((n, width), pad, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.bool)
+        opt = torch.full((n, width), pad, dtype=torch.long, device=self.device)
+        mask = torch.zeros((n, width), dtype=torch.bool, device=self.device)
         for i, ids in enumerate(options):
             opt[i, : len(ids)] = torch.tensor(ids)
             mask[i, : len(ids)] = True
         if cache is not None:
             # Run the question once on top of the text's cache, then all options in one batch.
             field_cache = copy.deepcopy(cache)
-            out = self.model(input_ids=torch.tensor([question]), past_key_values=field_cache, use_cache=True)
+            out = self.model(input_ids=torch.tensor([question], device=self.device), past_key_values=field_cache,
+                             use_cache=True)
             first_logits = out.logits[:, -1:, :].expand(n, 1, -1)
             field_cache = out.past_key_values
             field_cache.batch_repeat_interleave(n)
@@ -233,14 +235,14 @@ class LMChoiceExtractor(AttributeExtractor):
             logits = self.model(input_ids=opt, past_key_values=field_cache, use_cache=False).logits
             logits = torch.cat([first_logits, logits[:, :-1, :]], dim=1)
         else:
-            ctx = torch.tensor(prefix + question).unsqueeze(0).expand(n, -1)
+            ctx = torch.tensor(prefix + question, device=self.device).unsqueeze(0).expand(n, -1)
             full = torch.cat([ctx, opt], dim=1)
             logits = self.model(input_ids=full).logits[:, ctx.shape[1] - 1 : -1, :]
         logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, opt.unsqueeze(-1)).squeeze(-1)
         logp = (logp * mask).sum(dim=1)
         if self.length_normalise:
             logp = logp / mask.sum(dim=1)
-        return logp.numpy()
+        return logp.cpu().numpy()
 
     def extract(self, texts: list[str]) -> list[dict[str, str]]:
         from tqdm.auto import tqdm
@@ -369,6 +371,9 @@ class ExtractorConfig(StrictConfig):
     model_dir: str | None = None  # supervised: the saved reward model (written by the reward_model stage)
     # lm
     max_text_tokens: Annotated[int, SEQ_LEN_CAP] = Field(256, ge=1)
+    # lm: where the scoring model runs (dpsynth_core.devices); auto is the GPU when the stage sees one
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "bf16", "fp32"] = "auto"
     # embedding
     option_template: str = "{description}: {option}"
     # openai
@@ -405,8 +410,11 @@ def build_extractor(config: ExtractorConfig | dict | str, schema: AttributeSchem
     if config.kind == "embedding":
         return EmbeddingExtractor(schema, embedder=config.model or "minilm", option_template=config.option_template)
     if config.kind == "lm":
+        from dpsynth_core.devices import resolve_placement
+
         return LMChoiceExtractor(schema, model=model_obj or config.model or "smollm2-135m-instruct",
-                                 max_text_tokens=config.max_text_tokens)
+                                 max_text_tokens=config.max_text_tokens,
+                                 placement=resolve_placement(config.device, config.dtype, section="extractor."))
     if not config.model:
         raise ConfigError("extractor kind 'openai' needs 'model' (the served model id)")
     return OpenAIExtractor(schema, model=config.model, base_url=config.base_url,

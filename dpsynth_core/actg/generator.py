@@ -37,6 +37,9 @@ class GenerationSettings(StrictConfig):
     seed: int = 0
     # auto: vLLM where installed and it runs the model, else HF batched generate (one log line says so)
     engine: Literal["auto", "vllm", "hf"] = "auto"
+    # where the generator runs (dpsynth_core.devices): auto is the GPU when the stage sees one
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
 
 
 def load_prompt_template(name_or_path: str | Path = "conditional") -> str:
@@ -105,7 +108,8 @@ def open_generator(base_model: str, adapter_dir: Path | None, settings: Generati
     from dpsynth_core.engines import EngineConfig, load_engine
 
     return load_engine(EngineConfig(model=base_model, adapter_dir=adapter_dir, backend=settings.engine,
-                                    hf_batch_size=settings.batch_size, max_model_len=1024 + settings.max_new_tokens))
+                                    hf_batch_size=settings.batch_size, max_model_len=1024 + settings.max_new_tokens,
+                                    device=settings.device, dtype=settings.dtype))
 
 
 # Prompts per engine call when generating through an engine: big enough for vLLM's continuous

@@ -102,10 +102,11 @@ def design_schema(llm: TextLLM | Callable[[str], str], data_description: str, wo
 class LocalLMBackend:
     """``generate(prompt)`` with a local causal LM from the registry (chat template, greedy)."""
 
-    def __init__(self, name: str = "smollm2-135m-instruct", max_new_tokens: int = 768) -> None:
+    def __init__(self, name: str = "smollm2-135m-instruct", max_new_tokens: int = 768, device: str = "auto") -> None:
+        from dpsynth_core.devices import resolve_placement
         from dpsynth_core.models import load_causal_lm
 
-        self.model, self.tokenizer = load_causal_lm(name)
+        self.model, self.tokenizer = load_causal_lm(name, placement=resolve_placement(device))
         self.max_new_tokens = max_new_tokens
 
     def generate(self, prompt: str) -> str:
@@ -117,7 +118,7 @@ class LocalLMBackend:
                                            add_generation_prompt=True)
         else:
             text = prompt
-        enc = tok(text, return_tensors="pt", add_special_tokens=False)
+        enc = tok(text, return_tensors="pt", add_special_tokens=False).to(self.model.device)
         with torch.inference_mode():
             out = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, do_sample=False,
                                       pad_token_id=tok.pad_token_id)

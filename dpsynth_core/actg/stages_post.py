@@ -56,8 +56,10 @@ def stage_generate(cfg, root: str) -> dict:
     from dpsynth_core.actg.best_of_n import record_post_processing
     from dpsynth_core.actg.generator import generate_texts, open_generator
     from dpsynth_core.actg.pipeline import _prompts, write_jsonl
+    from dpsynth_core.devices import resolve_placement
     from dpsynth_core.privacy import PrivacyLedger
 
+    resolve_placement(cfg.generation.device, cfg.generation.dtype, section="generation.")  # before any file
     rd, schema = _ctx(cfg, root)
     anchor, rl, held = (rows_of(cfg, rd, p) for p in ("anchor", "rl", "eval"))
     pd.DataFrame(rl, columns=schema.field_names).to_csv(rd.rl_prompts, index=False)
@@ -81,10 +83,12 @@ def stage_best_of_n(cfg, root: str) -> dict:
     from dpsynth_core.actg.best_of_n import BestOfNResult, best_of_n_via_serve, record_post_processing, select_best
     from dpsynth_core.actg.extractors import build_extractor
     from dpsynth_core.actg.pipeline import _prompts, read_jsonl, write_jsonl
+    from dpsynth_core.devices import resolve_placement
     from dpsynth_core.privacy import PrivacyLedger
 
+    reward = cfg.reward_config(root)
+    resolve_placement(reward.device, reward.dtype, section="reward.")  # the scoring model's, before any file
     rd, schema = _ctx(cfg, root)
-    reward = cfg.reward_config(rd.root)
     if cfg.best_of_n.serve_app:
         from ray import serve
 

@@ -35,6 +35,16 @@ class PLMConfig(StrictConfig):
     max_retries: int = Field(3, ge=0, le=20)  # openai backend: per request, on 429 / 5xx / connection errors
     # hf / ray_actor / serve: the generation engine (auto: vLLM where installed and it runs the model, else HF)
     engine: Literal["auto", "vllm", "hf"] = "auto"
+    # hf / ray_actor / serve: where the PLM runs (dpsynth_core.devices); a Ray PLM with device cuda asks Ray for a GPU
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bfloat16 on a GPU, float32 on CPU
+
+    @model_validator(mode="after")
+    def _gpu_plm_asks_for_one(self) -> PLMConfig:
+        if (self.device == "cuda" and self.backend in ("ray_actor", "serve") and self.resources is not None
+                and self.resources.gpus == 0):
+            raise ValueError("device 'cuda' with resources.gpus 0: Ray hides GPUs from an actor that asks for none")
+        return self
 
     @property
     def display_name(self) -> str:

@@ -75,14 +75,15 @@ class LocalLLM(LLM):
     ``engine: auto`` runs vLLM where it is installed and supports the model, else HF ``generate``."""
 
     def __init__(self, model: str, *, batch_size: int = 16, num_threads: int | None = None, name: str | None = None,
-                 engine: str = "auto") -> None:
+                 engine: str = "auto", device: str = "auto", dtype: str = "auto") -> None:
         from dpsynth_core.engines import EngineConfig, load_engine
 
         self.model_name = model
         self.name = name or model
         # WASP / Aug-PE prompts carry several samples: room for long prompts under vLLM.
         self.engine = load_engine(EngineConfig(model=model, backend=engine, hf_batch_size=batch_size,
-                                               torch_threads=num_threads, max_model_len=4096))
+                                               torch_threads=num_threads, max_model_len=4096,
+                                               device=device, dtype=dtype))
         # Instruct models get their chat template, base models (Gemma-3-270M) continue the raw prompt.
         self.chat = bool(getattr(self.engine.tokenizer, "chat_template", None))
 

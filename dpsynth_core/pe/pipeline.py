@@ -163,6 +163,16 @@ def run_baselines(cfg: PEConfig, run_dir: Path, llms: Sequence[LLM], embedding: 
     return {"zero_shot": zero_shot, "private_only": private_only}
 
 
+def check_plm_placements(plms) -> None:
+    """In-process PLMs (``backend: hf``) resolve their placement here; Ray PLMs in their own actor,
+    which asked Ray for the GPU (``ray_jobs.pe_backends.plm_resources``)."""
+    from dpsynth_core.devices import resolve_placement
+
+    for k, plm in enumerate(plms):
+        if plm.backend == "hf":
+            resolve_placement(plm.device, plm.dtype, section=f"plms[{k}].")
+
+
 @locked_run(lambda config_path, method, *_, **__: load_pe_config(config_path, method).run_dir)  # one process per run
 def run_pipeline(config_path: str | Path, method: str, make_llms: LLMFactory, resume: bool = True,
                  callbacks: Sequence[Callback] = ()) -> Path:
@@ -174,6 +184,7 @@ def run_pipeline(config_path: str | Path, method: str, make_llms: LLMFactory, re
     if StageMarkers(run_dir).done(method):
         announce_finished(run_dir)
         return run_dir
+    check_plm_placements(cfg.plms)  # a forced device this process cannot see fails before the data is read
     private, test_texts, test_labels, classes = split_data(cfg)
     embedding = SentenceEmbedding(cfg.embedder)
     llms = make_llms(cfg.plms)

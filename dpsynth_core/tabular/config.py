@@ -9,7 +9,7 @@ they point at are read from their source by whichever process needs them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -42,6 +42,9 @@ class GenerationSettings(StrictConfig):
     max_attempts_factor: Annotated[float, cap(100, 'generation attempts per wanted row')] = Field(4.0, ge=1)
     seed: int = 0
     fairness: FairGenerationSettings = Field(default_factory=FairGenerationSettings)
+    # where the generator runs (dpsynth_core.devices): auto is the GPU when the stage sees one
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # spelled as the generation engines spell it
 
 
 class DataSettings(StrictConfig):
@@ -113,6 +116,9 @@ class TrainingSettings(StrictConfig):
     seed: int = 0  # column order of the serialized rows (data-independent) and the LoRA init
     torch_threads: Annotated[int | None, THREADS_CAP] = Field(2, ge=1)
     public_stage: PublicStageSettings = Field(default_factory=PublicStageSettings)
+    # where stage 1 and DP-SGD train (dpsynth_core.devices); LoRA weights stay fp32 under a bf16 base
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "bf16", "fp32"] = "auto"
 
 
 class FairnessSettings(StrictConfig):

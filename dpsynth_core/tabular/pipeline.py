@@ -123,8 +123,12 @@ def stage_model(cfg: DpFairConfig, root: str) -> dict:
     """
     import torch
 
+    from dpsynth_core.devices import resolve_placement
     from dpsynth_core.tabular.serialize import RowSerializer
 
+    # A forced device this process cannot see fails here, before the private rows are read.
+    resolve_placement(cfg.training.device, cfg.training.dtype, section="training.")
+    resolve_placement(cfg.generation.device, cfg.generation.dtype, section="generation.")
     run = Path(root)
     marks = StageMarkers(run)
     schema = resolved_schema(run)
@@ -145,6 +149,7 @@ def _public_stage(cfg: DpFairConfig, run: Path, schema: TableSchema) -> tuple[st
     """Stage 1 (no private data, nothing in the ledger): the model DP-SGD starts from, and a summary.
 
     The merged model is cached beside the run directory under the hash of its public inputs."""
+    from dpsynth_core.devices import resolve_placement
     from dpsynth_core.tabular.public_stage import stage_key, train_public_stage
     from dpsynth_core.tabular.serialize import RowSerializer
 
@@ -155,7 +160,8 @@ def _public_stage(cfg: DpFairConfig, run: Path, schema: TableSchema) -> tuple[st
     settings = {**t.public_stage.model_dump(mode="json"), "lora": t.lora.model_dump(mode="json"), "max_seq_len": t.max_seq_len}
     key = stage_key(t.model, schema, settings, {**s.model_dump(mode="json"), "seed": t.seed})
     out = run.parent / ".public_stage" / key
-    summary = train_public_stage(t.model, ser, t.public_stage, t.lora, out, max_seq_len=t.max_seq_len)
+    summary = train_public_stage(t.model, ser, t.public_stage, t.lora, out, max_seq_len=t.max_seq_len,
+                                 placement=resolve_placement(t.device, t.dtype, section="training."))
     atomic_write_text(run / "public_stage.json", json.dumps({"base_model": t.model, "key": key, "settings": settings,
                                                              "serialization": s.model_dump(mode="json"), **summary}, indent=2))
     return str(out / "model"), {"key": key, **summary}
@@ -183,6 +189,7 @@ def _train(cfg: DpFairConfig, run: Path, schema: TableSchema, ser, base_model: s
         expected_batch_size=t.expected_batch_size, physical_batch_size=t.physical_batch_size,
         learning_rate=t.learning_rate, max_grad_norm=t.max_grad_norm, clipping=t.clipping,  # type: ignore[arg-type]
         max_seq_len=t.max_seq_len, seed=t.seed, torch_threads=t.torch_threads, fill_budget=True,
+        device=t.device, dtype=t.dtype,
         public_num_units=private_data.public_size(cfg),  # q from m: the drawn size stays out of the ledger
     )
     res = train_dp_lora(examples, dcfg, output_dir=run / "train", ledger=ledger, stage="dpsgd", per_example_penalty=penalty)
@@ -191,12 +198,14 @@ def _train(cfg: DpFairConfig, run: Path, schema: TableSchema, ser, base_model: s
 
 
 def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path, base_model: str) -> dict:
-    from dpsynth_core.dpsgd import load_generator
+    from dpsynth_core.devices import resolve_placement
+    from dpsynth_core.engines.adapters import load_hf_model
     from dpsynth_core.privacy import PostProcessingEvent
     from dpsynth_core.tabular.generation import generate_rows
 
     ledger = _ledger(run)
-    model, tok = load_generator(base_model, adapter)
+    g = cfg.generation
+    model, tok = load_hf_model(base_model, adapter, resolve_placement(g.device, g.dtype, section="generation."))
     ledger.check("generate", PostProcessingEvent())
     t0 = time.time()
     gen = generate_rows(model, tok, ser, cfg.generation)

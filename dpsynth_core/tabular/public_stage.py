@@ -53,7 +53,8 @@ def stage_key(base_model: str, schema: TableSchema, settings: dict, serializer: 
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def train_public_stage(base_model: str, ser, settings, lora, out_dir: Path, *, max_seq_len: int) -> dict:
+def train_public_stage(base_model: str, ser, settings, lora, out_dir: Path, *, max_seq_len: int,
+                       placement=None) -> dict:
     """Non-private LoRA fine-tuning on public schema rows, merged into the base -> ``out_dir/model``.
 
     ``settings``: :class:`dpsynth_core.tabular.config.PublicStageSettings`; ``lora``: LoraSettings.
@@ -68,13 +69,16 @@ def train_public_stage(base_model: str, ser, settings, lora, out_dir: Path, *, m
 
     from dpsynth_core.dpsgd import TrainExample
     from dpsynth_core.dpsgd.data import collate, per_example_loss, tokenize_examples
+    from dpsynth_core.devices import place_model, resolve_placement
     from dpsynth_core.models import load_causal_lm
 
     torch.manual_seed(settings.seed)
-    model, tok = load_causal_lm(base_model)
+    placement = placement or resolve_placement("auto")
+    model, tok = load_causal_lm(base_model, placement=placement)
     model.config.use_cache = False
     model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                              target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM"))
+    place_model(model, placement)  # LoRA weights in fp32 beside a bf16 base
     frame = public_rows(ser.schema, settings.rows, settings.seed)
     rows = tokenize_examples([TrainExample(p, t) for p, t in ser.examples(frame)], tok, max_seq_len)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=settings.learning_rate)
@@ -83,6 +87,7 @@ def train_public_stage(base_model: str, ser, settings, lora, out_dir: Path, *, m
     model.train()
     for _ in range(settings.steps):
         batch = collate(order.sample(rows, min(settings.batch_size, len(rows))), tok.pad_token_id)
+        batch = {k: v.to(placement.torch_device()) for k, v in batch.items()}
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                        position_ids=batch["position_ids"]).logits
         loss = per_example_loss(logits, batch["labels"]).mean()
@@ -90,7 +95,7 @@ def train_public_stage(base_model: str, ser, settings, lora, out_dir: Path, *, m
         loss.backward()
         opt.step()
         losses.append(float(loss))
-    merged = model.merge_and_unload()
+    merged = model.merge_and_unload().to(device="cpu", dtype=torch.float32)  # saved as the CPU fp32 loader expects
     merged.config.use_cache = True
     summary = {"steps": settings.steps, "rows": settings.rows, "loss_first": losses[0], "loss_last": losses[-1]}
 
