@@ -42,8 +42,9 @@ def test_reward_model_never_sees_private_rows(biorxiv, schema, tmp_path, monkeyp
     """The reward is fitted on the public labeled rows only: public, held-out and private rows are
     disjoint, and rewriting every non-public row (texts and labels) leaves its weights unchanged."""
     from dpsynth_core.actg import data_split
-    from dpsynth_core.actg.pipeline import RunDir
+    from dpsynth_core.actg.pipeline import RunDir, open_or_create_ledger
     from dpsynth_core.actg.stages_post import stage_reward_model
+    from dpsynth_core.privacy import PrivacyLedger
 
     cfg = ActgConfig(data={"n_records": 40, "n_eval": 30, "n_public": 16, "max_chars": 200}, extractor={"kind": "columns"},
                      reward={"kind": "supervised"}, features={"n_synthetic": 6})
@@ -55,7 +56,11 @@ def test_reward_model_never_sees_private_rows(biorxiv, schema, tmp_path, monkeyp
     assert len(public) == 16 and not keys(public) & keys(held) and not keys(public) & keys(private)
     RunDir(tmp_path / "a").schema.parent.mkdir(parents=True)
     schema.save(RunDir(tmp_path / "a").schema)
+    open_or_create_ledger(cfg, tmp_path / "a")
     stage_reward_model(cfg, str(tmp_path / "a"))
+    # the public rows' use is in the ledger, at zero epsilon, beside the charged stages
+    (use,) = [e for e in PrivacyLedger.open(tmp_path / "a").entries() if e.stage == "public_labeled_data"]
+    assert use.kind == "post_processing" and use.epsilon == 0.0 and use.details["rows"] == 16
     # every row that is not public: another text, another label
     poisoned = biorxiv.copy()
     others = ~poisoned["abstract"].isin(keys(public) | keys(held))  # the private pool
@@ -64,6 +69,7 @@ def test_reward_model_never_sees_private_rows(biorxiv, schema, tmp_path, monkeyp
     frame["now"] = poisoned
     (tmp_path / "b").mkdir()
     schema.save(RunDir(tmp_path / "b").schema)
+    open_or_create_ledger(cfg, tmp_path / "b")
     stage_reward_model(cfg, str(tmp_path / "b"))
     a, b = (np.load(tmp_path / d / "reward_model" / "weights.npz") for d in ("a", "b"))
     assert set(a.files) == set(b.files) and all(np.array_equal(a[k], b[k]) for k in a.files)

@@ -1,7 +1,8 @@
 """ACTG's evaluate stage: each system of the run judged on the eval pool, against held-out real texts.
 
 Systems: ``vanilla`` (mode vanilla), or ``actg`` (plain samples of the DP generator) and
-``actg_arl`` (the RL policy's texts) on the SAME eval-pool rows, which neither Best-of-N nor RL saw.
+``actg_arl`` (the RL policy's texts) on the SAME eval-pool rows, which neither Best-of-N nor RL saw,
+or ``direct_prompt`` (the base model prompted with the eval-pool rows; ``generator_mode: direct_prompt``).
 
 * IFAcc (judge): a TF-IDF classifier trained owner-side on the held-out real texts' labeled
   attributes (the oracle columns on bioRxiv) -- not the reward model, so a policy that games the
@@ -129,7 +130,12 @@ def _evaluate_run(cfg, root: str) -> dict:
                          "note": "evaluation uses held-out real texts; it is outside the DP guarantee"}
     m["real_stats"] = _text_stats(real_texts)
     synth = read_jsonl(rd.synthetic)
-    if cfg.mode == "actg":
+    if cfg.main_system == "direct_prompt":
+        held_rows = [r for r in synth if r.get("pool") == "eval"]
+        m["systems"] = {"direct_prompt": system_metrics([r["text"] for r in held_rows],
+                                                        [r["attributes"] for r in held_rows], **common)}
+        m["features"] = _features_summary(rd)
+    elif cfg.mode == "actg":
         plain = read_jsonl(rd.plain_eval)
         arl = [r for r in synth if r.get("pool") == "eval"]
         m["systems"] = {
@@ -147,20 +153,25 @@ def _evaluate_run(cfg, root: str) -> dict:
                       "graded_on": "eval pool (rows no Best-of-N or RL step saw)"}
         if real_rows is not None:  # how good each grader is, on labeled real texts it was not trained on
             m["reward_agreement_on_heldout_real"] = _agreement(reward, real_texts, real_rows, fields)
-        fs = rd.summary("features")
-        m["features"] = {k: fs.get(k) for k in ("epsilon", "rows", "djs_1way_mean", "djs_1way_max", "djs_2way_mean",
-                                                  "djs_2way_max", "djs_1way")}
+        m["features"] = _features_summary(rd)
         m["anchored_rl"] = {k: v for k, v in rd.summary("anchored_rl").items() if k not in ("stage", "adapter_dir")}
     else:
         m["systems"] = {"vanilla": system_metrics([r["text"] for r in synth], None, **common)}
-    main = m["systems"]["actg_arl" if cfg.mode == "actg" else "vanilla"]
+    main = m["systems"][cfg.main_system]
     m["mauve"] = main.get("mauve", {})
     m["synthetic_stats"] = main["stats"]
     m["dp_generator"] = {k: v for k, v in rd.summary("dp_generator").items() if k not in ("stage", "adapter_dir")}
     m["ledger"] = PrivacyLedger.open(rd.root).to_dict()
+    m["not_private"] = not m["ledger"]["private"]  # epsilon = inf reference runs and test-only knobs
     m["plots"] = _plots(cfg, rd, real_texts, [r["text"] for r in synth], m)
     atomic_write_text(rd.metrics, json.dumps(m, indent=2, default=str))
     return {"mauve": m["mauve"].get("mauve"), "ifacc_after_rl_judge": m.get("ifacc", {}).get("after_rl_judge")}
+
+
+def _features_summary(rd) -> dict:
+    fs = rd.summary("features")
+    return {k: fs.get(k) for k in ("epsilon", "rows", "generator", "djs_1way_mean", "djs_1way_max", "djs_2way_mean",
+                                   "djs_2way_max", "djs_1way")}
 
 
 def _text_stats(texts):
@@ -181,7 +192,7 @@ def _plots(cfg, rd, real_texts: list[str], texts: list[str], m: dict) -> list[st
     from dpsynth_core.actg.best_of_n import plot_ifacc_stages
 
     out = [text_eval.plot_length_histograms(real_texts, texts, rd.plots / "lengths.png")]
-    main = m["systems"]["actg_arl" if cfg.mode == "actg" else "vanilla"]
+    main = m["systems"][cfg.main_system]
     if "djs_text" in main:
         d = main["djs_text"]
         out.append(text_eval.plot_marginal_djs({"order": 1, "mean": d["1way_mean"], "per_marginal": d["1way"]},
@@ -191,6 +202,7 @@ def _plots(cfg, rd, real_texts: list[str], texts: list[str], m: dict) -> list[st
         f = m["features"]
         out.append(text_eval.plot_marginal_djs({"order": 1, "mean": f["djs_1way_mean"], "per_marginal": f["djs_1way"]},
                                                rd.plots / "features_djs.png", title="DP features: 1-way d_JS"))
+    if cfg.main_system == "actg_arl":
         i = m["ifacc"]
         out.append(plot_ifacc_stages({"plain": i["plain_sampling"], f"best-of-{i['best_of_n_n']}": i["best_of_n"],
                                       "after RL": i["after_rl"]}, rd.plots / "ifacc.png"))

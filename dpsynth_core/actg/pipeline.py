@@ -38,6 +38,7 @@ complete, never re-charged silently. The DP-SGD engine itself resumes from its c
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -62,6 +63,7 @@ from dpsynth_core.storage import RunDirPath
 
 STAGES_ACTG = ["schema", "reward_model", "private", "generate", "best_of_n", "anchored_rl", "synthesize", "evaluate"]
 STAGES_VANILLA = ["private", "synthesize", "evaluate"]
+STAGES_DIRECT_PROMPT = ["schema", "reward_model", "private", "synthesize", "evaluate"]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -86,7 +88,7 @@ class PrivacySettings(StrictConfig):
     """Total budget and its split. ``features_share`` of epsilon goes to AIM (eps1), the rest to
     the DP generator (eps2); the vanilla ablation gives the whole epsilon to its generator."""
 
-    epsilon: float = Field(4.0, gt=0)
+    epsilon: float = Field(4.0, gt=0)  # .inf: a non-private reference run, only with not_private: true
     delta: float | None = Field(None, gt=0, lt=1)   # default 1 / (n ln n)
     features_share: float = Field(0.5, gt=0, lt=1)
 
@@ -99,6 +101,10 @@ class FeatureSettings(StrictConfig):
     # disjoint pools of the synthetic rows: Best-of-N anchors, RL prompts, the rest for evaluation
     anchor_share: float = Field(1 / 3, gt=0, lt=1)
     rl_share: float = Field(1 / 3, gt=0, lt=1)
+    # aim: AIM on the attribute table; dp_ft: the ablation "AIM -> DP-FT feature generator", an LM
+    # DP-fine-tuned (eps1) on the attribute rows as text, sampled option by option (``feature_lm.py``)
+    generator: Literal["aim", "dp_ft"] = "aim"
+    lm: dict[str, Any] = Field(default_factory=dict)  # dp_ft: overrides of `generator` (DpSgdConfig fields)
 
 
 class BestOfNSettings(StrictConfig):
@@ -120,6 +126,10 @@ class ActgConfig(StrictConfig):
 
     name: str = "actg"
     mode: Literal["actg", "vanilla"] = "actg"
+    # dp_ft: the DP conditional generator (eps2); direct_prompt: the ablation that prompts the base
+    # model with the attributes instead (no training, no eps2 spent, no Best-of-N / RL)
+    generator_mode: Literal["dp_ft", "direct_prompt"] = "dp_ft"
+    not_private: bool = False  # required for privacy.epsilon = .inf (reference_runs.py); outputs marked
     # default runs/<name>; a path or file:// URI (shared storage on a cluster); key `output_dir` (was `run_dir`)
     run_dir: RunDirPath | None = Field(None, alias="output_dir")
     data: DataSettings = Field(default_factory=DataSettings)
@@ -150,6 +160,29 @@ class ActgConfig(StrictConfig):
         DpSgdConfig.model_validate({**value, "epsilon": 1.0})  # same field errors as DpSgdConfig
         return value
 
+    @field_validator("features")
+    @classmethod
+    def _feature_lm_fields(cls, value: FeatureSettings) -> FeatureSettings:
+        if value.generator == "dp_ft":
+            for key in ("epsilon", "delta"):
+                if key in value.lm:
+                    raise ValueError(f"features.lm: '{key}' comes from the 'privacy' section")
+        return value
+
+    @model_validator(mode="after")
+    def _reference_run(self) -> ActgConfig:
+        from dpsynth_core.privacy.reference_runs import check_reference_config
+
+        try:
+            check_reference_config(self.privacy.epsilon, self.not_private, "privacy.epsilon")
+        except ConfigError as exc:  # a validation error like every other field's
+            raise ValueError(str(exc)) from None
+        if self.generator_mode == "direct_prompt" and self.mode != "actg":
+            raise ValueError("generator_mode: direct_prompt is an ablation of mode: actg")
+        if self.features.generator == "dp_ft":
+            self.feature_lm_config(1.0)  # same field errors as DpSgdConfig, before any data is read
+        return self
+
     @model_validator(mode="after")
     def _reward_scores_text(self) -> ActgConfig:
         reward = self.reward or self.extractor
@@ -179,15 +212,35 @@ class ActgConfig(StrictConfig):
 
     @property
     def stages(self) -> list[str]:
-        return STAGES_ACTG if self.mode == "actg" else STAGES_VANILLA
+        if self.mode == "vanilla":
+            return STAGES_VANILLA
+        return STAGES_DIRECT_PROMPT if self.generator_mode == "direct_prompt" else STAGES_ACTG
+
+    @property
+    def is_reference(self) -> bool:
+        """epsilon = inf with not_private: true: no noise, no clipping; the ledger is marked."""
+        from dpsynth_core.privacy.reference_runs import is_infinite
+
+        return is_infinite(self.privacy.epsilon)
 
     @property
     def epsilon_features(self) -> float:
-        return self.privacy.epsilon * self.privacy.features_share if self.mode == "actg" else 0.0
+        if self.mode != "actg":
+            return 0.0
+        return math.inf if self.is_reference else self.privacy.epsilon * self.privacy.features_share
 
     @property
     def epsilon_generator(self) -> float:
-        return self.privacy.epsilon - self.epsilon_features
+        if self.mode == "actg" and self.generator_mode == "direct_prompt":
+            return 0.0  # the base model is prompted: no training on private data
+        return math.inf if self.is_reference else self.privacy.epsilon - self.epsilon_features
+
+    @property
+    def main_system(self) -> str:
+        """The system whose texts are released: evaluation's headline row."""
+        if self.mode == "vanilla":
+            return "vanilla"
+        return "direct_prompt" if self.generator_mode == "direct_prompt" else "actg_arl"
 
     def resolved_run_dir(self) -> Path:
         return Path(self.run_dir) if self.run_dir is not None else Path("runs") / self.name
@@ -206,6 +259,14 @@ class ActgConfig(StrictConfig):
         from dpsynth_core.dpsgd import DpSgdConfig
 
         return DpSgdConfig.model_validate({"torch_threads": self.torch_threads, **self.generator, "epsilon": epsilon})
+
+    def feature_lm_config(self, epsilon: float):
+        """The DP-FT feature generator's DpSgdConfig: ``generator`` overridden by ``features.lm``;
+        never ``fill_budget`` (the conditional generator, trained after it, is the last DP stage)."""
+        from dpsynth_core.dpsgd import DpSgdConfig
+
+        return DpSgdConfig.model_validate({"torch_threads": self.torch_threads, **self.generator, **self.features.lm,
+                                           "fill_budget": False, "epsilon": epsilon})
 
 
 def load_actg_config(path: str | Path) -> ActgConfig:
@@ -274,11 +335,17 @@ def open_or_create_ledger(cfg: ActgConfig, root: Path):
     privacy.delta must be below 1/m (never computed from the drawn set's size, which is private)."""
     from dpsynth_core.privacy import PrivacyLedger, check_delta_for_size, default_delta
 
+    from dpsynth_core.actg.reference import REFERENCE_LEDGER_BUDGET
+    from dpsynth_core.privacy.reference_runs import mark_reference_run
+
     if (root / "ledger.sqlite").is_file():
         return PrivacyLedger.open(root)
     m = cfg.data.n_records
     delta = check_delta_for_size(cfg.privacy.delta, m, "privacy.delta") if cfg.privacy.delta else default_delta(m)
-    return PrivacyLedger.create(root, dataset=cfg.name, epsilon_budget=cfg.privacy.epsilon, delta=delta)
+    budget = REFERENCE_LEDGER_BUDGET if cfg.is_reference else cfg.privacy.epsilon
+    ledger = PrivacyLedger.create(root, dataset=cfg.name, epsilon_budget=budget, delta=delta)
+    mark_reference_run(ledger, "actg.reference", cfg.privacy.epsilon)  # before any stage reads private data
+    return ledger
 
 
 @locked_run(lambda cfg, **_: cfg.resolved_run_dir())  # one process per run (run_lock.py)
@@ -309,9 +376,13 @@ def _write_release(cfg: ActgConfig, rd: RunDir) -> None:
     from dpsynth_core.privacy import PrivacyLedger
     from dpsynth_core.release import write_release
 
-    items = {"synthetic.jsonl": rd.synthetic, "generator_adapter": rd.generator / "adapter"}
+    items = {"synthetic.jsonl": rd.synthetic}
+    if cfg.generator_mode == "dp_ft":
+        items["generator_adapter"] = rd.generator / "adapter"
     if cfg.mode == "actg":
-        items.update({"features.csv": rd.features, "rl_adapter": rd.rl / "adapter", "schema.yaml": rd.schema})
+        items.update({"features.csv": rd.features, "schema.yaml": rd.schema})
+        if cfg.generator_mode == "dp_ft":
+            items["rl_adapter"] = rd.rl / "adapter"
     write_release(rd.root, items, ledger=PrivacyLedger.open(rd.root), method=f"actg ({cfg.mode})")
 
 
@@ -352,7 +423,8 @@ def stage_private(cfg: ActgConfig, root: str) -> dict:
     texts = [str(t)[: cfg.data.max_chars] for t in train[cfg.data.text_col]]
     schema = _schema(cfg, rd.root) if cfg.mode == "actg" else None
     attrs = None
-    if cfg.mode == "actg" and not (rd.done("features") and rd.done("dp_generator")):
+    if cfg.mode == "actg" and not (rd.done("features") and (rd.done("dp_generator") or
+                                                          cfg.generator_mode == "direct_prompt")):
         from dpsynth_core.actg.extractors import build_extractor
 
         if cfg.extractor.kind == "columns":  # the records' own labels (bioRxiv: the oracle's)
@@ -363,7 +435,7 @@ def stage_private(cfg: ActgConfig, root: str) -> dict:
             attrs = build_extractor(cfg.reward_config(rd.root) if cfg.extractor.kind == "supervised" else cfg.extractor,
                                     schema).extract(texts)  # private: stays in memory
     if cfg.mode == "actg" and not rd.done("features"):
-        rd.mark("features", _run_features(cfg, rd, schema, attrs, ledger))
+        rd.mark("features", _run_features(cfg, rd, schema, attrs, ledger, public_size))
     if not rd.done("dp_generator"):
         rd.mark("dp_generator", _run_dp_generator(cfg, rd, schema, texts, attrs, ledger, public_size))
     del attrs, texts, train
@@ -374,41 +446,66 @@ def _ledger_has(ledger, stage: str) -> bool:
     return any(e.stage == stage for e in ledger.entries())
 
 
-def _run_features(cfg: ActgConfig, rd: RunDir, schema, attrs: list[dict], ledger) -> dict:
-    """AIM under eps1 -> features.csv (+ d_JS of 1- and 2-way marginals vs the real attributes)."""
+def _run_features(cfg: ActgConfig, rd: RunDir, schema, attrs: list[dict], ledger, public_size: int) -> dict:
+    """AIM (or the DP-FT feature LM) under eps1 -> features.csv (+ d_JS of 1- and 2-way marginals
+    vs the real attributes); an epsilon = inf run without noise (``reference.py``)."""
     import pandas as pd
 
     from dpsynth_core.actg import features
 
-    if _ledger_has(ledger, "features") and rd.features.is_file():
+    if (_ledger_has(ledger, "features") or cfg.is_reference) and rd.features.is_file():
         return {"closed_from_outputs": True}  # charged, written, marker lost: never re-charge
     real = pd.DataFrame(attrs, columns=schema.field_names)
-    synth = features.synthesize_features(real, schema, epsilon=cfg.epsilon_features, n_rows=cfg.features.n_synthetic,
-                                         ledger=ledger, stage="features", seed=cfg.data.seed,
-                                         out_path=rd.features, **cfg.features.options)
+    extra = {"generator": cfg.features.generator}
+    if cfg.features.generator == "dp_ft":
+        from dpsynth_core.actg.feature_lm import synthesize_features_lm
+
+        synth, lm_summary = synthesize_features_lm(real, schema, cfg, rd, ledger, public_size)
+        extra.update(lm_summary)
+    elif cfg.is_reference:
+        from dpsynth_core.actg.reference import noiseless_features
+
+        synth, resampled = noiseless_features(real, schema, cfg.features.n_synthetic, cfg.data.seed, ledger,
+                                              rd.features)
+        extra.update(resampled)
+    else:
+        synth = features.synthesize_features(real, schema, epsilon=cfg.epsilon_features,
+                                             n_rows=cfg.features.n_synthetic, ledger=ledger, stage="features",
+                                             seed=cfg.data.seed, out_path=rd.features, **cfg.features.options)
     # Evaluation statistic against the real (extracted) attributes, reported like the paper's d_JS^f.
     cats = schema.categories()
     d1 = features.marginal_djs(real, synth, order=1, categories=cats)
     d2 = features.marginal_djs(real, synth, order=2, categories=cats)
     return {"epsilon": cfg.epsilon_features, "rows": len(synth), "djs_1way_mean": d1["mean"],
             "djs_1way_max": d1["max"], "djs_2way_mean": d2["mean"], "djs_2way_max": d2["max"],
-            "djs_1way": d1["per_marginal"]}
+            "djs_1way": d1["per_marginal"], **extra}
 
 
 def _run_dp_generator(cfg: ActgConfig, rd: RunDir, schema, texts: list[str], attrs, ledger, public_size: int) -> dict:
     from dpsynth_core.actg.generator import build_train_examples, train_conditional_generator
 
+    if cfg.generator_mode == "direct_prompt":
+        from dpsynth_core.actg.reference import record_direct_prompting
+
+        return record_direct_prompting(cfg, ledger)
     adapter = rd.generator / "adapter"
-    if _ledger_has(ledger, "dp_generator") and (adapter / "adapter_config.json").is_file():
+    if (_ledger_has(ledger, "dp_generator") or cfg.is_reference) and (adapter / "adapter_config.json").is_file():
         return {"adapter_dir": str(adapter), "closed_from_outputs": True}
     examples = build_train_examples(texts, attrs, schema, cfg.template_text(),
                                     text_description=cfg.data.text_description)
     # q and delta from the public expected size: the drawn set's size must not reach the ledger
     dp = cfg.dpsgd_config(cfg.epsilon_generator).model_copy(update={"public_num_units": public_size})
-    result = train_conditional_generator(examples, dp, output_dir=rd.generator, ledger=ledger, stage="dp_generator")
+    if cfg.is_reference:
+        from dpsynth_core.actg.reference import train_noiseless_lora
+
+        result = train_noiseless_lora(examples, dp, output_dir=rd.generator, ledger=ledger, stage="dp_generator")
+    else:
+        result = train_conditional_generator(examples, dp, output_dir=rd.generator, ledger=ledger,
+                                             stage="dp_generator")
     losses = [h["loss"] for h in result.history if h.get("loss") is not None]
     return {"adapter_dir": str(result.adapter_dir), "epsilon": result.epsilon, "steps": result.steps,
             "noise_multiplier": result.noise_multiplier, "sampling_rate": result.sampling_rate,
+            "clipping_norm": None if cfg.is_reference else dp.max_grad_norm,
             "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None}
 
 

@@ -46,7 +46,25 @@ def stage_reward_model(cfg, root: str) -> dict:
     texts = [t[: cfg.data.max_chars] for t in texts]
     SupervisedExtractor.fit(texts, rows, schema, features="embedding", embedder=reward.model or "minilm").save(
         rd.reward_model)
+    record_public_data_use(cfg, rd.root)
     return {"kind": "supervised", "public_rows": cfg.data.n_public, "features": "embedding"}
+
+
+PUBLIC_DATA_STAGE = "public_labeled_data"
+
+
+def record_public_data_use(cfg, root: Path) -> None:
+    """The ledger shows the public labeled rows as a zero-epsilon use (they are not in the private
+    pool, ``data_split.py``), so a reader of the ledger / release sees that public data was used."""
+    from dpsynth_core.privacy import PostProcessingEvent, PrivacyLedger
+
+    ledger = PrivacyLedger.open(root)
+    if any(e.stage == PUBLIC_DATA_STAGE for e in ledger.entries()):
+        return
+    ledger.record(PUBLIC_DATA_STAGE, PostProcessingEvent(), details={
+        "what": "public labeled rows (data.n_public) train the supervised reward; zero epsilon: declared public "
+                "by the owner and removed from the private pool (disjoint from it and from the held-out rows)",
+        "rows": cfg.data.n_public, "epsilon": 0.0, "used_by": "reward_model"})
 
 
 def stage_generate(cfg, root: str) -> dict:
@@ -146,7 +164,8 @@ def stage_synthesize(cfg, root: str) -> dict:
     if cfg.mode == "actg":
         pooled = pooled_rows(cfg, rd)
         pools, rows = [p for p, _ in pooled], [r for _, r in pooled]
-        adapter = Path(rd.summary("anchored_rl")["adapter_dir"])
+        # direct prompting: the base model itself, never trained
+        adapter = None if cfg.generator_mode == "direct_prompt" else Path(rd.summary("anchored_rl")["adapter_dir"])
     else:
         rows, pools = None, None
         adapter = Path(rd.summary("dp_generator")["adapter_dir"])
