@@ -29,13 +29,30 @@ from dpsynth_core.storage_sync import synced_run
 from ray_jobs.cluster import OFFLINE_ENV, ray_session, run_stage_task, stage_in_run_dir, stage_options
 
 
+def stage_devices(cfg: ActgConfig, stage: str) -> list[str]:
+    """The ``device`` knobs of the models a stage runs (ACTG's generator, reward judge, RL policy)."""
+    reward = cfg.reward or cfg.extractor
+    return {"private": [cfg.generator.get("device", "auto")], "generate": [cfg.generation.device],
+            "best_of_n": [reward.device], "anchored_rl": [cfg.rl.device, reward.device],
+            "synthesize": [cfg.generation.device]}.get(stage, [])
+
+
+def stage_resources(cfg: ActgConfig, stage: str):
+    """``resources`` of the stage, with a GPU asked for where its config forces ``cuda`` (Ray hides
+    GPUs from a task that asks for none, and the stage would then refuse to start)."""
+    resources = cfg.resources.for_stage(stage)
+    if "cuda" in stage_devices(cfg, stage) and not resources.gpus:
+        resources = resources.model_copy(update={"gpus": 1.0})
+    return resources
+
+
 def ray_runner(fn, cfg: ActgConfig, root: str, *, isolated: bool = False) -> dict:
     """Run ``fn(cfg, root)`` as a Ray task sized by ``cfg.resources``; return its (small, JSON) summary."""
     import ray
 
     name = getattr(fn, "__name__", "actg_stage")
     stage = name.removeprefix("stage_")
-    opts = stage_options(cfg.resources.for_stage(stage), stage)
+    opts = stage_options(stage_resources(cfg, stage), stage)
     env = dict(OFFLINE_ENV)
     if isolated:  # the RL stage: no private data directory reachable from its worker
         empty = Path(root) / "rl" / "no_private_data"

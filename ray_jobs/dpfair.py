@@ -20,11 +20,19 @@ from dpsynth_core.storage_sync import synced_run
 from ray_jobs.cluster import OFFLINE_ENV, ensure_ray, run_stage_task, stage_in_run_dir, stage_options
 
 
+def model_stage_resources(cfg: DpFairConfig):
+    """The config's resources, with a GPU asked for where training or generation forces ``cuda``
+    (Ray hides GPUs from a task that asks for none)."""
+    if "cuda" in (cfg.training.device, cfg.generation.device) and not cfg.resources.gpus:
+        return cfg.resources.model_copy(update={"gpus": 1.0})
+    return cfg.resources
+
+
 def ray_runner(fn, cfg: DpFairConfig, root: str) -> dict:
     """Run ``fn(cfg, root)`` as a Ray task with the config's resources; return its summary."""
     import ray
 
-    opts = stage_options(cfg.resources, "model")
+    opts = stage_options(model_stage_resources(cfg), "model")
     task = ray.remote(stage_in_run_dir(fn, root)).options(  # s3:// / gs://: pulled and pushed on its node
         **opts, max_retries=0, runtime_env={"env_vars": dict(OFFLINE_ENV)}, name=getattr(fn, "__name__", "dpfair_stage"))
     return run_stage_task(task, cfg, str(Path(root).resolve()), stage="model", run_dir=root)
