@@ -55,7 +55,29 @@ def worker_env(deepspeed_config_file: Path, empty_data_dir: Path) -> dict[str, s
     }
 
 
+def adapter_parameters(policy, adapter: str = "default") -> list:
+    """The trained LoRA weights of ``adapter`` (not the frozen base, not the KL reference "ref")."""
+    return [p for name, p in policy.named_parameters() if ".lora_" in name and f".{adapter}." in name]
+
+
+def save_gathered_adapter(policy, directory: Path, *, rank: int, gather=None) -> bool:
+    """Save the adapter from a ZeRO-3 model: each rank holds only a shard of every parameter, so
+    the LoRA weights are gathered first (a collective: every rank enters) and rank 0 alone writes.
+    ``gather`` defaults to ``deepspeed.zero.GatheredParameters``. True where this rank wrote."""
+    if gather is None:  # pragma: no cover - needs DeepSpeed (GPU extra)
+        from deepspeed.zero import GatheredParameters as gather
+    params = adapter_parameters(policy)
+    if not params:
+        raise ConfigError("the RL policy has no LoRA weights of adapter 'default' to save")
+    with gather(params, modifier_rank=None):  # read-only: nothing is written back to the shards
+        if rank != 0:
+            return False
+        policy.save_pretrained(str(directory), selected_adapters=["default"])
+        return True
+
+
 def _train_loop(loop_config: dict) -> None:  # pragma: no cover - needs DeepSpeed (GPU extra)
+    import functools
     import os
 
     import ray.train
@@ -72,7 +94,8 @@ def _train_loop(loop_config: dict) -> None:  # pragma: no cover - needs DeepSpee
     artifacts = RLArtifacts.model_validate(loop_config["artifacts"])
     config = AnchoredRLConfig.model_validate(loop_config["config"])
     out = Path(loop_config["output_dir"]) if rank == 0 else work / "rank_output"
-    result = run_anchored_rl(artifacts, config, out, progress=False)
+    result = run_anchored_rl(artifacts, config, out, progress=False,
+                             save_adapter=functools.partial(save_gathered_adapter, rank=rank))
     last = result.history[-1] if result.history else {}
     ray.train.report({"steps": len(result.history), "reward": last.get("reward")})
 

@@ -90,3 +90,72 @@ def test_runner_cannot_reach_a_private_stage_or_the_ledger():
     params = set(run_rl_deepspeed.__code__.co_varnames[: run_rl_deepspeed.__code__.co_argcount
                                                          + run_rl_deepspeed.__code__.co_kwonlyargcount])
     assert not params & {"ledger", "source", "examples", "data", "private_path"}
+
+
+# --- the adapter save under ZeRO-3 (issue 15.2): gather the LoRA shards, rank 0 writes -----------------
+class _RecordingGather:
+    """Stands in for deepspeed.zero.GatheredParameters: records what is gathered and whether the
+    save happened inside the gathered context."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list, object]] = []
+        self.inside = False
+
+    def __call__(self, params, modifier_rank=None):
+        self.calls.append((list(params), modifier_rank))
+        return self
+
+    def __enter__(self):
+        self.inside = True
+
+    def __exit__(self, *exc):
+        self.inside = False
+
+
+def _policy_with_reference():
+    from peft import LoraConfig, get_peft_model
+
+    from dpsynth_core.models import load_causal_lm
+
+    base, _ = load_causal_lm("tiny-llama")
+    policy = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    policy.add_adapter("ref", LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    return policy
+
+
+def test_zero3_save_gathers_the_adapter_and_only_rank_0_writes(tmp_path):
+    from ray_jobs.rl_deepspeed import save_gathered_adapter
+
+    policy = _policy_with_reference()
+    expected = {id(p) for n, p in policy.named_parameters() if ".lora_" in n and ".default." in n}
+    saved_inside = []
+    original = policy.save_pretrained
+
+    for rank in (1, 0):
+        gather = _RecordingGather()
+
+        def save(*args, _gather=gather, **kwargs):
+            saved_inside.append(_gather.inside)
+            return original(*args, **kwargs)
+
+        policy.save_pretrained = save
+        wrote = save_gathered_adapter(policy, tmp_path / f"rank{rank}", rank=rank, gather=gather)
+        (params, modifier_rank), = gather.calls  # every rank enters the collective once
+        assert {id(p) for p in params} == expected and len(params) == len(expected) > 0
+        assert modifier_rank is None  # a read: the gathered values are not written back to the shards
+        assert wrote == (rank == 0) and (tmp_path / f"rank{rank}").exists() == (rank == 0)
+    assert saved_inside == [True]  # rank 0 saved, while the weights were gathered
+
+    from safetensors.torch import load_file
+
+    weights = load_file(str(tmp_path / "rank0" / "adapter_model.safetensors"))
+    assert weights and all("lora_" in k for k in weights) and not any(".ref." in k for k in weights)
+
+
+def test_zero3_runner_saves_through_the_gathered_saver():
+    """Structural: the Train loop hands run_anchored_rl the gathered saver, with the worker's rank."""
+    tree = ast.parse(RUNNER.read_text())
+    loop = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_train_loop")
+    call = next(n for n in ast.walk(loop) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "run_anchored_rl")
+    saver = next(k.value for k in call.keywords if k.arg == "save_adapter")
+    assert ast.unparse(saver) == "functools.partial(save_gathered_adapter, rank=rank)"

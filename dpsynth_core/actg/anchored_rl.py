@@ -337,10 +337,19 @@ def read_anchor_set(path: Path) -> list[dict]:
     return rows
 
 
+def save_adapter_plain(policy, directory: Path) -> bool:
+    """The trained adapter only (not the frozen KL reference) -> ``directory``; True: written."""
+    policy.save_pretrained(str(directory), selected_adapters=["default"])
+    return True
+
+
 def run_anchored_rl(artifacts: RLArtifacts, config: AnchoredRLConfig, output_dir: Path, *,
-                    reward_fn: RewardFn | None = None, progress: bool = True) -> RLResult:
+                    reward_fn: RewardFn | None = None, progress: bool = True,
+                    save_adapter: Callable[[object, Path], bool] = save_adapter_plain) -> RLResult:
     """Anchored RL from artifact paths only; writes ``output_dir/adapter`` (atomically) and
-    ``output_dir/rl_history.json``. ``reward_fn`` defaults to the configured extractor's IFAcc."""
+    ``output_dir/rl_history.json``. ``reward_fn`` defaults to the configured extractor's IFAcc.
+    ``save_adapter(policy, dir)`` writes the adapter (a ZeRO-3 runner gathers the sharded LoRA
+    weights first and writes on rank 0 only: ``ray_jobs.rl_deepspeed``); False: nothing written here."""
     import pandas as pd
     import torch
     from tqdm.auto import tqdm
@@ -411,9 +420,9 @@ def run_anchored_rl(artifacts: RLArtifacts, config: AnchoredRLConfig, output_dir
         policy = accelerator.unwrap_model(policy)
     final, tmp = output_dir / "adapter", output_dir / ".adapter.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    policy.save_pretrained(str(tmp), selected_adapters=["default"])  # not the frozen KL reference
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    if save_adapter(policy, tmp):
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
     hist_tmp = output_dir / ".rl_history.json.tmp"
     hist_tmp.write_text(json.dumps(history, indent=2))
     os.replace(hist_tmp, output_dir / "rl_history.json")
