@@ -6,12 +6,16 @@ base with fp32 LoRA weights, on one GPU. Modes, each on a fresh model, same batc
   hooks      opacus per-sample gradients (GradSampleModule), clip, sum, noise
   ghost      opacus ghost clipping (two backward passes, no per-sample gradients)
   ghost_fsdp opacus ghost clipping on an FSDP2-sharded model at world size 1
-Reported: tokens/s and peak GPU memory per mode, and both as ratios to nondp; then tokens/s of
-HF generation with the DP-trained adapter. Needs only torch, transformers, peft and opacus (no Ray,
-no dpsynth_core), so it runs on a bare GPU machine:
+Reported: tokens/s and peak GPU memory per mode, and both as ratios to nondp (printed as a table);
+tokens/s of generation with the DP-trained adapter under HF ``generate`` and, where ``vllm`` imports,
+under vLLM (LoRA request on the same random base); and the ACTG tiny pipeline with every model stage
+forced onto the GPU (needs dpsynth_core and its dependencies; skipped with the reason otherwise).
+The DP-SGD part needs only torch, transformers, peft and opacus (no Ray, no dpsynth_core), so it
+runs on a bare GPU machine:
 
-    python benchmarks/dpsgd_gpu.py --out results.json            # GPU, 7B shape
-    python benchmarks/dpsgd_gpu.py --tiny --out tiny.json        # CPU smoke run (tested)
+    python benchmarks/dpsgd_gpu.py --out results.json            # GPU: 7B shape, vLLM, ACTG tiny
+    python benchmarks/dpsgd_gpu.py --tiny --out tiny.json        # CPU run of every mode at the tiny shape
+    python benchmarks/dpsgd_gpu.py --dry-run                     # seconds: one step each, plans only
 
 The random weights and token ids are public: DP randomness is irrelevant here; the noise draw only
 makes the DP step cost what it costs.
@@ -24,6 +28,7 @@ import gc
 import json
 import os
 import sys
+import tempfile
 import time
 import warnings
 
@@ -32,6 +37,7 @@ import torch
 # opacus' hooks on frozen-input modules and ghost clipping's retain_graph: benign, and noisy
 warnings.filterwarnings("ignore", message=".*[Bb]ackward hook.*")
 warnings.filterwarnings("ignore", category=UserWarning, module="torch.autograd")
+warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")  # deprecation notes of HF internals
 
 MODES = ("nondp", "hooks", "ghost", "ghost_fsdp")
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -199,9 +205,11 @@ def _init_single_process_group(device) -> None:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
 
 
-def main(argv=None) -> int:
+def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tiny", action="store_true", help="tiny shape on CPU fp32 (smoke test)")
+    ap.add_argument("--tiny", action="store_true", help="tiny shape on CPU fp32 (smoke run of every mode)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="tiny shape, one step per mode, no vLLM and only the ACTG plan: checks the wiring in seconds")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--batch", type=int, default=None, help="physical batch (default 8 on GPU, 4 tiny)")
     ap.add_argument("--seq", type=int, default=None)
@@ -210,15 +218,42 @@ def main(argv=None) -> int:
     ap.add_argument("--lora-rank", type=int, default=16)
     ap.add_argument("--gen-batch", type=int, default=None)
     ap.add_argument("--gen-tokens", type=int, default=None)
+    ap.add_argument("--actg-config", default=None, help="ACTG config run with every model stage on the device "
+                    "(default configs/actg_tiny.yaml)")
+    ap.add_argument("--no-actg", action="store_true", help="skip the ACTG pipeline")
     ap.add_argument("--out", default=None, help="JSON results file")
     args = ap.parse_args(argv)
-    defaults = dict(batch=4, seq=32, steps=2, warmup=1, gen_batch=2, gen_tokens=8) if args.tiny else dict(
-        batch=8, seq=512, steps=10, warmup=2, gen_batch=16, gen_tokens=128)
+    args.tiny = args.tiny or args.dry_run
+    if args.dry_run:
+        defaults = dict(batch=2, seq=16, steps=1, warmup=0, gen_batch=2, gen_tokens=4)
+    elif args.tiny:
+        defaults = dict(batch=4, seq=32, steps=2, warmup=1, gen_batch=2, gen_tokens=8)
+    else:
+        defaults = dict(batch=8, seq=512, steps=10, warmup=2, gen_batch=16, gen_tokens=128)
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
+    return args
+
+
+def ratio_table(rows: list[dict]) -> str:
+    """The figures the issue asks for, as ratios to nondp measured in this one run."""
+    lines = [f"{'mode':>10}  {'tokens/s':>10}  {'vs nondp':>8}  {'peak GiB':>9}  {'vs nondp':>8}"]
+    for r in rows:
+        peak = "-" if r["peak_gpu_gib"] is None else f"{r['peak_gpu_gib']:.2f}"
+        tps_ratio = "-" if r["tokens_per_s_vs_nondp"] is None else f"{r['tokens_per_s_vs_nondp']:.3f}"
+        mem_ratio = "-" if r["peak_mem_vs_nondp"] is None else f"{r['peak_mem_vs_nondp']:.3f}"
+        lines.append(f"{r['mode']:>10}  {r['tokens_per_s']:>10.1f}  {tps_ratio:>8}  {peak:>9}  {mem_ratio:>8}")
+    lines.append("targets (issue 15): DP tokens/s >= 0.85x nondp, DP peak memory <= 1.1x nondp")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    import gpu_stages
+
+    args = parse_args(argv)
     if not args.tiny and not torch.cuda.is_available():
-        print("no GPU visible: the 7B shape needs one (use --tiny for the CPU smoke run)", file=sys.stderr)
+        print("no GPU visible: the 7B shape needs one (use --tiny or --dry-run on CPU)", file=sys.stderr)
         return 2
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -226,30 +261,50 @@ def main(argv=None) -> int:
     modes = [m for m in args.modes.split(",") if m]
     if "ghost_fsdp" in modes:
         _init_single_process_group(device)
-    rows, gen_tps = [], None
+    rows, gen_tps, adapter_dir = [], None, None
     for mode in modes:
         row, model = run_mode(mode, args, config, device, dtype)
         if mode == "hooks" or (gen_tps is None and mode == modes[-1] and mode != "ghost_fsdp"):
             gen_tps = generation_rate(model, config, device, args)
+            if mode == "hooks" and not args.dry_run:  # vLLM serves this DP-trained adapter later
+                adapter_dir = os.path.join(tempfile.mkdtemp(prefix="dpsgd_gpu_adapter_"), "adapter")
+                model.save_pretrained(adapter_dir)
         rows.append(row)
         del model
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        print(f"{mode:>10}: {row['tokens_per_s']:.1f} tokens/s, peak {row['peak_gpu_gib']} GiB", flush=True)
     ref = next((r for r in rows if r["mode"] == "nondp"), None)
     for r in rows:
         r["tokens_per_s_vs_nondp"] = r["tokens_per_s"] / ref["tokens_per_s"] if ref else None
         r["peak_mem_vs_nondp"] = (r["peak_gpu_gib"] / ref["peak_gpu_gib"]) if ref and ref["peak_gpu_gib"] else None
+    print(ratio_table(rows), flush=True)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    vllm = gpu_stages.measure_vllm(adapter_dir, config, device, args)
+    generation = {"hf_tokens_per_s": gen_tps, "vllm": vllm,
+                  "vllm_vs_hf": vllm["tokens_per_s"] / gen_tps if vllm.get("measured") and gen_tps else None}
+    print(f"generation with the DP adapter: HF {gen_tps:.1f} tokens/s; vLLM "
+          + (f"{vllm['tokens_per_s']:.1f} tokens/s ({generation['vllm_vs_hf']:.2f}x HF)" if vllm.get("measured")
+             else f"not measured ({vllm['reason']})"), flush=True)
+    actg = {"measured": False, "reason": "--no-actg"}
+    if not args.no_actg:
+        args.actg_config = args.actg_config or str(gpu_stages.ACTG_TINY)
+        try:
+            actg = gpu_stages.measure_actg(device, args)
+        except Exception as exc:  # the DP-SGD figures above stand on their own: record why this one failed
+            actg = {"measured": False, "reason": f"{type(exc).__name__}: {exc}"}
+    print("ACTG with every model stage on " + device.type + ": "
+          + (f"{actg['total_seconds']:.1f} s {actg['stage_seconds']}" if actg.get("measured")
+             else f"not measured ({actg['reason']}); plan {actg.get('stage_devices')}"), flush=True)
     result = {"shape": "tiny" if args.tiny else "llama-7b", "device": str(device), "dtype": str(dtype),
-              "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+              "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None, "dry_run": args.dry_run,
               "batch": args.batch, "seq": args.seq, "steps": args.steps, "lora_rank": args.lora_rank,
-              "modes": rows, "generation_tokens_per_s_with_dp_adapter": gen_tps}
+              "modes": rows, "generation_tokens_per_s_with_dp_adapter": gen_tps, "generation": generation,
+              "actg": actg}
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:
             json.dump(result, fh, indent=1)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
     return 0
 
 
