@@ -106,7 +106,8 @@ def open_row_generator(base_model: str, adapter_dir, settings: GenerationSetting
 
     backend = "hf" if settings.fairness.enabled else engine
     return load_engine(EngineConfig(model=base_model, adapter_dir=adapter_dir, backend=backend,
-                                    hf_batch_size=settings.batch_size, max_model_len=1024))
+                                    hf_batch_size=settings.batch_size, max_model_len=1024,
+                                    device=settings.device, dtype=settings.dtype))
 
 
 def _generate_rows_structured(engine, serializer: RowSerializer, settings: GenerationSettings) -> GenerationResult:
