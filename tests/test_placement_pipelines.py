@@ -103,3 +103,15 @@ def test_dpfair_generation_on_a_gpu_node_asks_for_cuda_bf16(tmp_path, fake_gpu):
     with pytest.raises(LoaderReached) as err:
         _generate(cfg, tmp_path, None, None, "tiny-llama")
     assert asked_for_gpu_bf16(err.value)
+
+
+def test_dpfair_engine_generator_takes_the_generation_device(fake_gpu):
+    from dpsynth_core.tabular.config import GenerationSettings
+    from dpsynth_core.tabular.generation import open_row_generator
+
+    with pytest.raises(LoaderReached) as err:
+        open_row_generator("tiny-llama", None, GenerationSettings(), engine="hf")
+    assert asked_for_gpu_bf16(err.value)
+    with pytest.raises(LoaderReached) as err:
+        open_row_generator("tiny-llama", None, GenerationSettings(device="cpu"), engine="hf")
+    assert err.value.placement.device == "cpu"
