@@ -73,8 +73,8 @@ def test_penalty_reads_the_label_logits_and_shifts_each_group_towards_the_target
     batch = collate(rows, tok.pad_token_id)
     for i, r in enumerate(rows):
         ids = batch["input_ids"][i, : int(batch["attention_mask"][i].sum())].tolist()
-        y_pos, group, label = pen.locate(ids)
-        assert (group, label) == (df.sex[i], df.income[i])
+        y_pos, groups, label = pen.locate(ids)
+        assert (groups, label) == ({"sex": df.sex[i]}, df.income[i])
         assert tok.decode(ids[y_pos:]).startswith(" " + label)  # the label's first token
     # logits: every row predicts >50K with p = 0.9 at the label position
     V = len(tok)
@@ -99,9 +99,9 @@ def test_penalty_reads_the_label_logits_and_shifts_each_group_towards_the_target
     y2 = pen.locate(batch["input_ids"][2, : int(batch["attention_mask"][2].sum())].tolist())[0]
     assert g2[2, y2 - 1, hi] < 0 and g2[2, y2 - 1, lo] > 0
     assert g[3].abs().sum() == pytest.approx(float(g[3, y_pos - 1, hi].abs() + g[3, y_pos - 1, lo].abs()))
-    # equalized-odds reweighing: up-weights the under-represented (group, label) cell
+    # reweighing (independence, not equalized odds): up-weights the under-represented (group, label) cell
     ft_eo = _targets(_biased_table(40))
-    pen_eo = FairnessPenalty(constraint, schema, ft_eo, lambda_dp=0.0, lambda_eo=1.0)
+    pen_eo = FairnessPenalty(constraint, schema, ft_eo, lambda_dp=0.0, lambda_reweigh=1.0)
     out_eo = pen_eo(logits, batch)
     for i in range(len(rows)):
         w = ft_eo.weights[df.sex[i]][df.income[i]]
@@ -121,7 +121,7 @@ def test_rejection_keeps_the_running_gap_under_the_threshold():
     for _ in range(2000):
         a = rng.choice(["F", "M"])
         y = int(rng.random() < (0.8 if a == "M" else 0.2))  # a source with gap 0.6
-        if _accept(tracker, fs, a, y, y):
+        if _accept({"sex": tracker}, fs, {"sex": a}, y, y):
             accepted.append({"sex": a, "income": ">50K" if y else "<=50K"})
     kept = pd.DataFrame(accepted)
     assert len(kept) > 400

@@ -66,13 +66,14 @@ def test_group_label_table_is_charged(tmp_path, adult_sample):
 def _tiny_config(tmp_path: Path, **over) -> Path:
     cfg = {
         "name": "t", "output_dir": str(tmp_path / "runs"), "schema_path": str(ADULT_SCHEMA),
-        "columns": ["age", "education", "capital_loss", "sex", "hours_per_week", "income"],
+        "columns": ["age", "education", "capital_loss", "race", "sex", "hours_per_week", "income"],
         "data": {"source": "adult", "train_rows": 160, "test_rows": 200, "seed": 0},
         "epsilon": 3.0, "budget": {"domain": 0.05, "fair_stats": 0.05},
         "training": {"model": "tiny-llama", "steps": 2, "expected_batch_size": 16, "physical_batch_size": 16,
                      "learning_rate": 0.005, "max_seq_len": 64, "clipping": "hooks",
                      "public_stage": {"steps": 2, "rows": 32, "batch_size": 8}},
-        "fairness": {"lambda_dp": 1.0, "lambda_eo": 0.5, "sensitive": "sex"},
+        # two attributes; the equalized-odds term renews its constants from 4 generated rows at step 0
+        "fairness": {"lambda_dp": {"sex": 1.0, "race": 0.5}, "lambda_eo": 0.5, "sensitive": ["sex", "race"], "eo_rows": 4},
         "generation": {"num_rows": 16, "batch_size": 16,
                        "fairness": {"enabled": True, "max_dp_gap": 0.2, "warmup_rows": 4, "tilt": True}},
         "evaluate_privacy": True, "use_ray": True,
@@ -116,6 +117,9 @@ def test_pipeline_ledger_composes_within_epsilon(finished_run):
     assert (run / "release" / "public_stage.json").is_file()  # how to rebuild the adapter's base model
     by = {e.stage: e for e in ledger.entries()}
     assert by["dp_domain"].epsilon <= 3.0 * 0.05 + 1e-6 and by["dp_fair_stats"].epsilon <= 3.0 * 0.05 + 1e-6
+    # one (A, Y) table per sensitive attribute: one ledger entry of two compositions
+    targets = json.loads((run / "release" / "fair_targets.json").read_text())["attributes"]
+    assert [t["sensitive"] for t in targets] == ["sex", "race"] and by["dp_fair_stats"].event().compositions == 2
     assert by["generate"].epsilon == 0.0
     total = ledger.total_epsilon()
     assert 3.0 * 0.99 <= total <= 3.0 + 1e-9  # DP-SGD fills what composition leaves, never more
@@ -138,7 +142,8 @@ def test_pipeline_ledger_composes_within_epsilon(finished_run):
     gen = json.loads((run / "stages" / "generate.done").read_text())
     assert gen["valid_fraction"] == 1.0 and gen["invalid"] == 0
     ev_sum = json.loads((run / "stages" / "evaluate.done").read_text())
-    for k in ("acc_lr", "f1_gb", "dp_diff_lr", "eo_diff_gb", "tvd_1way", "tvd_2way", "mia_auc"):
+    for k in ("acc_lr", "f1_gb", "dp_diff_lr", "eo_diff_gb", "tvd_1way", "tvd_2way", "mia_auc",
+              "dp_diff_lr_race", "eo_diff_gb_race", "aia_advantage_race"):
         assert k in ev_sum and ev_sum[k] == ev_sum[k]  # present, not NaN
     ref = json.loads((run / "stages" / "reference.done").read_text())
     assert ref["method"] == "real data" and 0.5 < ref["acc_lr"] <= 1.0

@@ -236,6 +236,9 @@ class DpSgdEngine:
     def train_step(self) -> dict:
         """Run logical step ``self.step`` (0-based) on this rank; returns global loss stats."""
         step = self.step
+        refresh = getattr(self.penalty, "refresh", None)
+        if refresh is not None:  # constants from the current model's own generated rows (tabular.fair_eo)
+            refresh(self.model, self.tokenizer, step)
         groups = self._unit_groups(step)
         buffers, loss_sum, n_units = self.clipped_sum(groups)
         flat = torch.cat([b.reshape(-1) for b in buffers])

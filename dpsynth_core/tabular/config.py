@@ -21,17 +21,51 @@ from dpsynth_core.resources import StageResources
 from dpsynth_core.storage import RunDirPath, require_durable_run_dir
 
 
+def _one_or_many(value):
+    """A sensitive attribute given as one name, or several as a list (non-empty, no repeats)."""
+    if isinstance(value, list) and (not value or len(set(value)) != len(value)):
+        raise ValueError(f"sensitive: give a non-empty list of distinct columns, not {value}")
+    return value
+
+
+Weight = float | dict[str, float]  # one weight shared by every sensitive attribute, or one per attribute
+
+
 class FairGenerationSettings(StrictConfig):
+    """Fairness-aware generation: the rejection sampler and the label tilt, for every attribute in
+    ``sensitive`` (one name or a list; default: the schema's first sensitive attribute)."""
+
     enabled: bool = False
-    sensitive: str | None = None  # default: the schema's first sensitive attribute
-    max_dp_gap: float | None = Field(0.05, ge=0)
-    max_eo_gap: float | None = Field(None, ge=0)
-    target_rates: dict[str, float] | None = None  # optional target P(Y = pos | A = a) per group
+    sensitive: str | list[str] | None = None
+    max_dp_gap: float | None = Field(0.05, ge=0)  # per attribute
+    max_eo_gap: float | None = Field(None, ge=0)  # per attribute
+    # optional target P(Y = pos | A = a): {group: rate} for the first attribute, or {attribute: {group: rate}}
+    target_rates: dict[str, float] | dict[str, dict[str, float]] | None = None
     warmup_rows: Annotated[int, OUTPUT_ROWS_CAP] = Field(50, ge=0)  # accept unconditionally until this many rows
     # decoding-time tilt of the positive label's logit per group towards target_rates (or the overall
     # generated rate), beside the rejection sampler (tabular.fair_decoding); step of its controller
     tilt: bool = False
     tilt_step: float = Field(0.5, gt=0, le=5)
+
+    @model_validator(mode="after")
+    def _check(self):
+        _one_or_many(self.sensitive)
+        return self
+
+    def attributes(self, schema_sensitive: list[str]) -> list[str]:
+        """The attributes generation enforces (``sensitive``, else the schema's first one)."""
+        if self.sensitive is not None:
+            return [self.sensitive] if isinstance(self.sensitive, str) else list(self.sensitive)
+        return schema_sensitive[:1]
+
+    def targets_for(self, attribute: str, attributes: list[str]) -> dict[str, float] | None:
+        """``target_rates`` of one attribute (a flat map belongs to the first attribute)."""
+        rates = self.target_rates
+        if not rates:
+            return None
+        if all(isinstance(v, dict) for v in rates.values()):
+            return rates.get(attribute)  # type: ignore[return-value]
+        return rates if attribute == attributes[0] else None  # type: ignore[return-value]
 
 
 class GenerationSettings(StrictConfig):
@@ -122,14 +156,52 @@ class TrainingSettings(StrictConfig):
 
 
 class FairnessSettings(StrictConfig):
-    lambda_dp: float = Field(0.0, ge=0)
-    lambda_eo: float = Field(0.0, ge=0)
-    sensitive: str | None = None
+    """The training terms (``tabular.fairness``, ``tabular.fair_eo``), summed over ``sensitive``.
+
+    lambda_dp: demographic-parity group shift; lambda_eo: the equalized-odds regularizer (its
+    constants from rows the model being trained generates, ``eo_rows`` every ``eo_refresh_every``
+    steps); lambda_reweigh: Kamiran-Calders reweighing of the label token (independence of Y and A,
+    not equalized odds). Each weight is one number for every attribute or ``{attribute: weight}``.
+    """
+
+    lambda_dp: Weight = 0.0
+    lambda_reweigh: Weight = 0.0
+    lambda_eo: Weight = 0.0
+    sensitive: str | list[str] | None = None  # default: the schema's first sensitive attribute
     target_y: dict[str, float] | None = None  # public target P(Y); default: DP-estimated P(Y)
+    eo_rows: int = Field(32, ge=4, le=4096)
+    eo_refresh_every: int = Field(5, ge=1, le=10_000)
+
+    @model_validator(mode="after")
+    def _check(self):
+        _one_or_many(self.sensitive)
+        for name in ("lambda_dp", "lambda_reweigh", "lambda_eo"):
+            value = getattr(self, name)
+            values = value.values() if isinstance(value, dict) else [value]
+            if any(v < 0 for v in values):
+                raise ValueError(f"fairness.{name}: weights must be >= 0")
+            if isinstance(value, dict) and self.sensitive is not None and set(value) - set(self.attributes or []):
+                raise ValueError(f"fairness.{name}: weights for {sorted(set(value) - set(self.attributes or []))}, "
+                                 f"which are not in fairness.sensitive {self.attributes}")
+        return self
+
+    @property
+    def attributes(self) -> list[str] | None:
+        """``sensitive`` as a list (None: not given)."""
+        return [self.sensitive] if isinstance(self.sensitive, str) else self.sensitive
+
+    def weight(self, name: str, attribute: str) -> float:
+        """lambda_<name> of one attribute (a shared number, or the attribute's entry, else 0)."""
+        value = getattr(self, f"lambda_{name}")
+        return float(value.get(attribute, 0.0)) if isinstance(value, dict) else float(value)
+
+    def any_weight(self, name: str) -> bool:
+        value = getattr(self, f"lambda_{name}")
+        return any(v > 0 for v in (value.values() if isinstance(value, dict) else [value]))
 
     @property
     def enabled(self) -> bool:
-        return self.lambda_dp > 0 or self.lambda_eo > 0
+        return any(self.any_weight(name) for name in ("dp", "reweigh", "eo"))
 
 
 class TableRunConfig(StrictConfig):

@@ -97,22 +97,43 @@ def dp_group_label_table(
     ledger,
     stage: str = "dp_fair_stats",
 ) -> dict[str, dict[str, float]]:
-    """DP estimate of the contingency table counts[a][y] (sensitive value a, target label y).
+    """DP estimate of the contingency table counts[a][y] (sensitive value a, target label y)."""
+    return dp_group_label_tables(df, schema, [sensitive], epsilon=epsilon, ledger=ledger, stage=stage)[sensitive]
 
-    One Gaussian histogram over the public |A| x |Y| grid (L2 sensitivity 1); negative noisy
-    counts are clamped to a small positive floor (post-processing).
+
+def dp_group_label_tables(
+    df: pd.DataFrame,
+    schema: TableSchema,
+    sensitive: list[str],
+    *,
+    epsilon: float,
+    ledger,
+    stage: str = "dp_fair_stats",
+) -> dict[str, dict[str, dict[str, float]]]:
+    """DP estimates of counts[attribute][a][y], one table per sensitive attribute.
+
+    One Gaussian histogram over each public |A| x |Y| grid (L2 sensitivity 1 each: a record adds 1 to
+    one cell of every table), K tables = K compositions of one event; negative noisy counts are
+    clamped to a small positive floor (post-processing). Separate tables rather than one joint
+    |A1| x ... x |Y| table: each marginal then carries one cell's noise, not the sum of many.
     """
     if schema.target is None:
         raise ConfigError(f"schema '{schema.name}': fairness statistics need a target column")
-    a_col, y_col = schema.column(sensitive), schema.column(schema.target)
+    if not sensitive:
+        raise ConfigError(f"schema '{schema.name}': fairness statistics need a sensitive attribute")
+    y_col = schema.column(schema.target)
+    a_cols = [schema.column(a) for a in sensitive]
     P = _privacy()
-    sigma = P.calibrate_gaussian_noise(epsilon, ledger.delta, compositions=1)
-    event = P.GaussianEvent(noise_multiplier=sigma, compositions=1)
+    sigma = P.calibrate_gaussian_noise(epsilon, ledger.delta, compositions=len(sensitive))
+    event = P.GaussianEvent(noise_multiplier=sigma, compositions=len(sensitive))
     ledger.check(stage, event)
     rng = P.randomness.secure_rng()  # secret noise: never from a config seed
-    table = pd.crosstab(df[sensitive].astype(str), df[schema.target].astype(str))
-    table = table.reindex(index=a_col.categories, columns=y_col.categories, fill_value=0)
-    noisy = table.to_numpy(float) + rng.normal(0.0, sigma, size=table.shape)
-    noisy = np.maximum(noisy, 0.5)
-    ledger.record(stage, event, details={"sensitive": sensitive, "target": schema.target, "sigma": sigma})
-    return {a: {y: float(noisy[i, j]) for j, y in enumerate(y_col.categories)} for i, a in enumerate(a_col.categories)}
+    out = {}
+    for a_col in a_cols:
+        table = pd.crosstab(df[a_col.name].astype(str), df[schema.target].astype(str))
+        table = table.reindex(index=a_col.categories, columns=y_col.categories, fill_value=0)
+        noisy = np.maximum(table.to_numpy(float) + rng.normal(0.0, sigma, size=table.shape), 0.5)
+        out[a_col.name] = {a: {y: float(noisy[i, j]) for j, y in enumerate(y_col.categories)}
+                           for i, a in enumerate(a_col.categories)}
+    ledger.record(stage, event, details={"sensitive": list(sensitive), "target": schema.target, "sigma": sigma})
+    return out

@@ -296,4 +296,6 @@ def summary_row(report: dict, sensitive: str) -> dict:
         # every sensitive attribute of the schema, not only the headline one
         **{f"{k}_{m}_{a}": res[f"{k}_{a}"] for m, res in (("lr", lr), ("gb", gb))
            for k in ("dp_diff", "eo_diff") for a in sorted({key.split("_", 2)[2] for key in res if key.startswith("dp_diff_")})},
+        **{f"aia_advantage_{key.removeprefix('attribute_inference_')}": v["advantage"]
+           for key, v in report.get("privacy", {}).items() if key.startswith("attribute_inference_")},
     }

@@ -8,6 +8,9 @@ after each batch, delta[a] += step * (logit(target) - logit(rate of group a in t
 target = ``target_rates[a]`` when given, else the rate of all rows generated so far (the generator's
 own overall rate: the tilt equalises the groups without moving the marginal much).
 
+Several sensitive attributes: one controller per attribute, and the row's shift is the sum of
+its groups' deltas (``tilt_processor``).
+
 It runs beside the rejection sampler (``generation._accept``): the tilt makes fair rows likely, so
 fewer are rejected. It reads only generated tokens: post-processing, no privacy cost.
 """
@@ -71,21 +74,35 @@ class LabelTilt:
             self.delta[a] = max(-MAX_TILT, min(MAX_TILT, self.delta[a] + self.step * (_logit(target) - _logit(rate))))
         self._window = {}
 
+    def shift_for(self, generated: list[int]) -> float:
+        """delta of the group this row emitted (0 before the sensitive value is out)."""
+        group = self.group_of(generated)
+        return self.delta.get(group, 0.0) if group is not None else 0.0
+
     def processor(self, rows: ConstrainedRowProcessor) -> LogitsProcessor:
         """A processor to run after ``rows`` (it reads that processor's decoding states)."""
-        return _TiltProcessor(self, rows)
+        return tilt_processor([self], rows)
+
+
+def tilt_processor(tilts: list[LabelTilt], rows: ConstrainedRowProcessor) -> LogitsProcessor:
+    """One processor for several sensitive attributes: the label's logit moves by the SUM of each
+    attribute's delta for the row's groups, so the odds are multiplied by prod_k exp(delta_k[a_k]);
+    each attribute's controller keeps steering its own group rates (``update`` per tilt)."""
+    return _TiltProcessor(tilts, rows)
 
 
 class _TiltProcessor(LogitsProcessor):
-    def __init__(self, tilt: LabelTilt, rows: ConstrainedRowProcessor):
-        self.tilt, self.rows = tilt, rows
-        self.target = tilt.schema.target
+    def __init__(self, tilts: list[LabelTilt], rows: ConstrainedRowProcessor):
+        self.tilts, self.rows = tilts, rows
+        self.target = tilts[0].schema.target
+        self.pos_first = tilts[0].pos_first
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         start = self.rows._prompt_len or input_ids.shape[1]
         for i, st in enumerate(self.rows.states):
             if st.in_value and st.column == self.target and st.node is None and st.text == "":
-                group = self.tilt.group_of(input_ids[i, start:].tolist())
-                if group is not None and self.tilt.delta.get(group):
-                    scores[i, self.tilt.pos_first] = scores[i, self.tilt.pos_first] + self.tilt.delta[group]
+                generated = input_ids[i, start:].tolist()
+                shift = sum(t.shift_for(generated) for t in self.tilts)
+                if shift:
+                    scores[i, self.pos_first] = scores[i, self.pos_first] + shift
         return scores

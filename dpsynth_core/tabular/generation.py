@@ -4,8 +4,9 @@ Rows come out of ``model.generate`` under :class:`ConstrainedRowProcessor` (so e
 A :class:`GapTracker` keeps running counts of the generated rows: the demographic-parity gap
 (max - min over groups of P(Y = pos | A = a)) and the equalized-odds gap of the generator's own
 implied classifier (y_hat = [p_theta(Y = pos | row so far) >= 0.5]; max over y of the spread over
-groups of P(y_hat = 1 | Y = y, A = a)). With fairness on, a row that would push a tracked gap above
-its threshold (or further from the target rates) is rejected and another is sampled.
+groups of P(y_hat = 1 | Y = y, A = a)), one tracker per sensitive attribute. With fairness on, a row
+that would push a tracked gap of ANY attribute above its threshold (or further from the target
+rates) is rejected and another is sampled.
 
 This stage sees only the DP generator, never the private data: it is post-processing.
 """
@@ -67,18 +68,29 @@ class GapTracker:
         return sum(self.n.values())
 
 
-def _accept(tracker: GapTracker, fs: FairGenerationSettings, group: str, y: int, y_hat: int) -> bool:
-    """Add the row if it keeps every enforced gap under its threshold or does not worsen it."""
-    before = (tracker.dp_gap(), tracker.eo_gap(), tracker.target_distance(fs.target_rates or {}))
-    tracker.add(group, y, y_hat)
-    if tracker.total() <= fs.warmup_rows:
+def _accept(trackers: dict[str, GapTracker], fs: FairGenerationSettings, groups: dict[str, str], y: int, y_hat: int,
+            targets: dict[str, dict[str, float] | None] | None = None) -> bool:
+    """Add the row if, for EVERY sensitive attribute, it keeps each enforced gap under its threshold or
+    does not worsen it (``targets[attribute]``: target rates, enforced instead of the DP gap)."""
+    targets = targets or {}
+
+    def gaps(attribute: str) -> tuple[float, float, float]:
+        t = trackers[attribute]
+        return t.dp_gap(), t.eo_gap(), t.target_distance(targets.get(attribute) or {})
+
+    before = {a: gaps(a) for a in trackers}
+    for a, t in trackers.items():
+        t.add(groups[a], y, y_hat)
+    if next(iter(trackers.values())).total() <= fs.warmup_rows:
         return True
-    after = (tracker.dp_gap(), tracker.eo_gap(), tracker.target_distance(fs.target_rates or {}))
-    limits = (fs.max_dp_gap if not fs.target_rates else None, fs.max_eo_gap, fs.max_dp_gap if fs.target_rates else None)
-    for b, a, lim in zip(before, after, limits):
-        if lim is not None and a > lim and a > b + 1e-12:
-            tracker.add(group, y, y_hat, sign=-1)
-            return False
+    for a in trackers:
+        has_target = bool(targets.get(a))
+        limits = (None if has_target else fs.max_dp_gap, fs.max_eo_gap, fs.max_dp_gap if has_target else None)
+        for b, now, lim in zip(before[a], gaps(a), limits):
+            if lim is not None and now > lim and now > b + 1e-12:
+                for attr, t in trackers.items():
+                    t.add(groups[attr], y, y_hat, sign=-1)
+                return False
     return True
 
 
@@ -156,21 +168,23 @@ def generate_rows(model, tokenizer, serializer: RowSerializer, settings: Generat
         model, tokenizer = model.model, model.tokenizer
     schema = serializer.schema
     fs = settings.fairness
-    sensitive = fs.sensitive or (schema.sensitive[0] if schema.sensitive else None)
-    if fs.enabled and (sensitive is None or schema.target is None):
+    attributes = fs.attributes(schema.sensitive)
+    if fs.enabled and (not attributes or schema.target is None):
         raise ConfigError("fairness-aware generation needs a sensitive attribute and a target in the schema")
-    if fs.enabled and sensitive not in schema.names:
-        raise ConfigError(f"fairness-aware generation: unknown sensitive column '{sensitive}'")
+    for a in attributes if fs.enabled else []:
+        if a not in schema.names:
+            raise ConfigError(f"fairness-aware generation: unknown sensitive column '{a}'")
     constraint = RowConstraint(serializer, tokenizer)
     labels = list(schema.column(schema.target).categories or []) if schema.target else []
     pos_label = schema.positive() if schema.target else None
     label_first = [constraint.cat_ids[schema.target][y][0] for y in labels] if schema.target else []
-    tracker = GapTracker(groups=list(schema.column(sensitive).categories or []) if sensitive else [])
-    tilt = None
-    if fs.enabled and fs.tilt:  # decoding-time label tilt per group (tabular.fair_decoding)
-        from dpsynth_core.tabular.fair_decoding import LabelTilt
+    trackers = {a: GapTracker(groups=list(schema.column(a).categories or [])) for a in attributes} if fs.enabled else {}
+    targets = {a: fs.targets_for(a, attributes) for a in attributes}
+    tilts = []
+    if fs.enabled and fs.tilt:  # decoding-time label tilt per group of each attribute (tabular.fair_decoding)
+        from dpsynth_core.tabular.fair_decoding import LabelTilt, tilt_processor
 
-        tilt = LabelTilt(constraint, schema, sensitive, fs.target_rates, fs.tilt_step)
+        tilts = [LabelTilt(constraint, schema, a, targets[a], fs.tilt_step) for a in attributes]
     rows, history = [], []
     attempted = invalid = rejected = 0
     max_attempts = int(settings.num_rows * settings.max_attempts_factor)
@@ -193,7 +207,8 @@ def generate_rows(model, tokenizer, serializer: RowSerializer, settings: Generat
                 input_ids=enc["input_ids"].to(model.device), attention_mask=enc["attention_mask"].to(model.device),
                 do_sample=True, temperature=settings.temperature, top_p=settings.top_p,
                 max_new_tokens=max(constraint.max_row_tokens(o) for o in orders),
-                logits_processor=LogitsProcessorList([proc] + ([tilt.processor(proc)] if tilt else [])), pad_token_id=tokenizer.pad_token_id,
+                logits_processor=LogitsProcessorList([proc] + ([tilt_processor(tilts, proc)] if tilts else [])),
+                pad_token_id=tokenizer.pad_token_id,
             )
         texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         for text, state in zip(texts, proc.states):
@@ -207,9 +222,9 @@ def generate_rows(model, tokenizer, serializer: RowSerializer, settings: Generat
                 y = int(row[schema.target] == pos_label)
                 logits = state.value_start_logits.get(schema.target)
                 p_pos = float(torch.softmax(logits[label_first], -1)[labels.index(pos_label)]) if logits is not None else float(y)
-                if tilt:
-                    tilt.observe(row[sensitive], bool(y))
-                if not _accept(tracker, fs, row[sensitive], y, int(p_pos >= 0.5)):
+                for tilt in tilts:
+                    tilt.observe(row[tilt.sensitive], bool(y))
+                if not _accept(trackers, fs, {a: row[a] for a in attributes}, y, int(p_pos >= 0.5), targets):
                     rejected += 1
                     continue
             rows.append(row)
@@ -218,8 +233,9 @@ def generate_rows(model, tokenizer, serializer: RowSerializer, settings: Generat
             if len(rows) >= settings.num_rows:
                 break
         if fs.enabled:
-            history.append({"rows": len(rows), "dp_gap": tracker.dp_gap(), "eo_gap": tracker.eo_gap(), "rejected": rejected})
-            if tilt:
+            history.append({"rows": len(rows), "rejected": rejected,
+                            **{f"{k}_{a}": getattr(t, k)() for a, t in trackers.items() for k in ("dp_gap", "eo_gap")}})
+            for tilt in tilts:
                 tilt.update()
     if bar is not None:
         bar.close()

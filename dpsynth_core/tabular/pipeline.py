@@ -56,16 +56,32 @@ def local_runner(fn: Callable[..., dict], cfg: DpFairConfig, root: str) -> dict:
 def public_schema(cfg: DpFairConfig) -> TableSchema:
     """The public schema restricted to the run's columns; fairness settings checked against it."""
     schema = load_schema(cfg.schema_path).select(cfg.columns)
-    sensitive = sensitive_column(cfg, schema)
-    if cfg.fairness.enabled and (sensitive is None or schema.target is None):
+    attributes = sensitive_columns(cfg, schema)
+    if cfg.fairness.enabled and (not attributes or schema.target is None):
         raise ConfigError(f"{cfg.schema_path}: fairness terms need a sensitive column and a target in the schema")
-    if sensitive is not None:
-        schema.column(sensitive)
+    for a in attributes + cfg.generation.fairness.attributes(schema.sensitive):
+        if not schema.column(a).is_categorical:
+            raise ConfigError(f"fairness: sensitive attribute '{a}' must be a categorical column")
     return schema
 
 
+def sensitive_columns(cfg: DpFairConfig, schema: TableSchema) -> list[str]:
+    """The attributes of the training terms: ``fairness.sensitive``, else the schema's first one."""
+    return cfg.fairness.attributes or schema.sensitive[:1]
+
+
+def reported_schema(cfg: DpFairConfig, schema: TableSchema) -> TableSchema:
+    """``schema`` whose sensitive list also holds the run's fairness attributes: the metrics report
+    DP / EO differences for each of them."""
+    extra = [a for a in sensitive_columns(cfg, schema) + cfg.generation.fairness.attributes(schema.sensitive)
+             if a not in schema.sensitive]
+    return schema.model_copy(update={"sensitive": [*schema.sensitive, *dict.fromkeys(extra)]}) if extra else schema
+
+
 def sensitive_column(cfg: DpFairConfig, schema: TableSchema) -> str | None:
-    return cfg.fairness.sensitive or (schema.sensitive[0] if schema.sensitive else None)
+    """The headline attribute of the summaries (every attribute is in them too)."""
+    attributes = sensitive_columns(cfg, schema)
+    return attributes[0] if attributes else None
 
 
 def resolved_schema(root: Path) -> TableSchema:
@@ -101,19 +117,18 @@ def prepare_domain(cfg: TableRunConfig, run: Path, schema: TableSchema) -> dict:
 
 
 def stage_fair_stats(cfg: DpFairConfig, root: str) -> dict:
-    """Fairness targets t = P(Y), w[a, y] from one DP histogram of the public |A| x |Y| grid."""
-    from dpsynth_core.tabular.dp_domain import dp_group_label_table
-    from dpsynth_core.tabular.fairness import FairnessTargets
+    """Fairness targets t = P(Y), r, w per sensitive attribute from DP histograms of the public |A| x |Y| grids."""
+    from dpsynth_core.tabular.dp_domain import dp_group_label_tables
+    from dpsynth_core.tabular.fairness import FairnessTargets, dump_targets
 
     run = Path(root)
     schema = resolved_schema(run)
-    sensitive = sensitive_column(cfg, schema)
+    attributes = sensitive_columns(cfg, schema)
     private = private_data.load_private(cfg, run, schema)
-    counts = dp_group_label_table(private, schema, sensitive, epsilon=cfg.epsilon * cfg.budget.fair_stats,  # type: ignore[arg-type]
-                                  ledger=_ledger(run))
-    targets = FairnessTargets.from_counts(counts, sensitive, target_y=cfg.fairness.target_y)  # type: ignore[arg-type]
-    atomic_write_text(run / "fair_targets.json", json.dumps(targets.__dict__, indent=2))
-    return {"sensitive": sensitive}
+    counts = dp_group_label_tables(private, schema, attributes, epsilon=cfg.epsilon * cfg.budget.fair_stats, ledger=_ledger(run))
+    targets = [FairnessTargets.from_counts(counts[a], a, target_y=cfg.fairness.target_y) for a in attributes]
+    atomic_write_text(run / "fair_targets.json", dump_targets(targets))
+    return {"sensitive": attributes}
 
 
 def stage_model(cfg: DpFairConfig, root: str) -> dict:
@@ -177,11 +192,17 @@ def _train(cfg: DpFairConfig, run: Path, schema: TableSchema, ser, base_model: s
     if cfg.fairness.enabled:
         from dpsynth_core.models import load_tokenizer
         from dpsynth_core.tabular.constrained import RowConstraint
-        from dpsynth_core.tabular.fairness import FairnessPenalty, FairnessTargets
+        from dpsynth_core.tabular.fair_eo import GeneratedRowsEO
+        from dpsynth_core.tabular.fairness import FairnessPenalty, load_targets
 
-        targets = FairnessTargets(**json.loads((run / "fair_targets.json").read_text()))
-        penalty = FairnessPenalty(RowConstraint(ser, load_tokenizer(base_model)), schema, targets,
-                                  cfg.fairness.lambda_dp, cfg.fairness.lambda_eo)
+        f = cfg.fairness
+        targets = load_targets((run / "fair_targets.json").read_text())
+        constraint = RowConstraint(ser, load_tokenizer(base_model))
+        eo = None
+        if f.any_weight("eo"):  # constants from rows the model being trained generates (no privacy cost)
+            eo = GeneratedRowsEO(constraint, [x.sensitive for x in targets], targets[0].label_prior or targets[0].target_y,
+                                 rows=f.eo_rows, refresh_every=f.eo_refresh_every, seed=t.seed)
+        penalty = FairnessPenalty(constraint, schema, targets, f.lambda_dp, f.lambda_reweigh, f.lambda_eo, eo=eo)
     # DP-SGD is the last DP stage: start from what is left by plain subtraction, then fill_budget
     # lowers the noise until the ledger's (sub-additive) composed total reaches the budget.
     dcfg = DpSgdConfig(
@@ -220,7 +241,7 @@ def stage_evaluate(cfg: DpFairConfig, root: str) -> dict:
     from dpsynth_core.tabular.evaluate import evaluate_table, summary_row
 
     run = Path(root)
-    schema = resolved_schema(run)
+    schema = reported_schema(cfg, resolved_schema(run))
     sensitive = sensitive_column(cfg, schema)
     private = private_data.load_private(cfg, run, schema)
     synth = pd.read_csv(run / "synthetic.csv", keep_default_na=False)
@@ -241,7 +262,7 @@ def stage_reference(cfg: DpFairConfig, root: str) -> dict:
     from dpsynth_core.tabular.evaluate import marginal_tvd, summary_row, tstr
 
     run = Path(root)
-    schema = resolved_schema(run)
+    schema = reported_schema(cfg, resolved_schema(run))
     sensitive = sensitive_column(cfg, schema)
     private = private_data.load_private(cfg, run, schema)
     real_test = schema.validate_frame(private_data.load_test(cfg), "real test")
