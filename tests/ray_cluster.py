@@ -10,6 +10,7 @@ SIGKILL its whole group as a node crash) without touching any other Ray on the m
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -51,6 +52,7 @@ class LocalCluster:
     # Ray's AF_UNIX socket paths (under --temp-dir) must stay below 108 bytes; pytest's tmp paths
     # (longer under xdist: .../popen-gw0/...) do not, so Ray's own files go to a short /tmp dir.
     ray_temp_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp")))
+    node_temp_dirs: list[Path] = field(default_factory=list)
 
     @property
     def address(self) -> str:
@@ -82,7 +84,14 @@ class LocalCluster:
     def add_node(self, num_cpus: int = 1, num_gpus: int = 0, timeout: float = 300.0) -> subprocess.Popen:
         """Join a node (``--num-gpus`` declares logical GPUs; no device needed) and wait until it is alive."""
         before = {n["node_id"] for n in self.alive_nodes()}
-        node = self._start([f"--address={self.gcs_address}", f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}"])
+        # Its own temp dir, as on a separate machine. Sharing the head's, this node's runtime-env agent
+        # deletes the job's working_dir package when its own task releases it: that is the driver's
+        # cwd, and the driver then dies ("Intel oneMKL FATAL ERROR: Cannot load libtorch_cpu.so" at
+        # `import torch`, or FileNotFoundError from os.getcwd()).
+        own_temp = Path(tempfile.mkdtemp(prefix="rn-", dir="/tmp"))
+        self.node_temp_dirs.append(own_temp)
+        node = self._start([f"--address={self.gcs_address}", f"--num-cpus={num_cpus}", f"--num-gpus={num_gpus}",
+                            f"--temp-dir={own_temp}"])
         self._wait(lambda nodes: any(n["node_id"] not in before for n in nodes), node, "the node did not join", timeout)
         return node
 
@@ -128,6 +137,8 @@ class LocalCluster:
             except ProcessLookupError:
                 pass
             node.wait(timeout=30)
+        for temp in (self.ray_temp_dir, *self.node_temp_dirs):  # Ray's session files, logs, spilled objects
+            shutil.rmtree(temp, ignore_errors=True)
 
 
 def _wait_for_dashboard(port: int, head: subprocess.Popen, timeout: float = 180.0) -> None:
