@@ -1,4 +1,5 @@
-"""The ACTG-ARL paper's table on bioRxiv at eps = 4: vanilla DP-FT, ACTG, ACTG-ARL, RL without anchor.
+"""The ACTG-ARL paper's table on bioRxiv at eps = 4: vanilla DP-FT, ACTG, ACTG-ARL, RL without anchor,
+the ablations "AIM -> DP-FT features" and "direct prompting", and the eps = inf reference.
 
     nice -n 10 .venv/bin/python benchmarks/actg_table.py --scale small --seeds 0 1 2 --out /work/figures/actg
 
@@ -7,13 +8,19 @@ supervised reward fitted on public labeled rows; disjoint anchor / rl / eval poo
 on the same eval-pool attribute rows: ACTG (plain samples of the DP generator) and ACTG-ARL (after
 Anchored RL). "RL without anchor" re-runs only the post-processing stages of a copy of that run with
 gamma0 = gamma1 = 0 (same DP artifacts, same KL beta). Vanilla DP-FT is its own run (mode vanilla,
-the whole eps on DP-SGD). Every row: the same base model, data, held-out real texts, seed.
+the whole eps on DP-SGD). "AIM -> DP-FT features" is its own ACTG run with ``features.generator: dp_ft``
+(an LM DP-fine-tuned on the attribute rows under eps1 replaces AIM; its ACTG-ARL texts are the row).
+"direct prompting" re-runs synthesize + evaluate on a copy of the ACTG run with ``generator_mode:
+direct_prompt`` (the base model prompted with the SAME DP feature rows; the copy's ledger still lists
+the ACTG generator's eps2, an over-statement: a standalone direct_prompt run charges eps1 only).
+"eps = inf" is its own ACTG run with ``privacy.epsilon: .inf, not_private: true`` (features resampled
+from the real rows, LoRA without noise or clipping; its ledger and outputs say NOT PRIVATE).
+Every row: the same base model, data, held-out real texts, seed.
 
 Columns: MAUVE (texts and k-means buckets stated), IFAcc by the judge (TF-IDF classifier on held-out
 labeled real texts, not the reward) and by the reward, d_JS^f (1-way, base e: judge-read attributes of
 the texts vs the oracle attributes of the held-out real texts), downstream macro-F1 (train on
 synthetic, test on held-out real, label primary_research_area). mean +- sd over seeds.
-The epsilon = inf row is not built for ACTG yet (see the report); it is left out, not faked.
 """
 
 from __future__ import annotations
@@ -40,10 +47,11 @@ SCALES = {
                   lora={"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}),
 }
 
-ROWS = ["vanilla DP-FT", "ACTG", "ACTG-ARL", "RL without anchor"]
+ROWS = ["vanilla DP-FT", "ACTG", "ACTG-ARL", "RL without anchor", "AIM -> DP-FT features", "direct prompting",
+        "eps = inf (not private)"]
 
 
-def actg_config(scale: dict, seed: int, run_dir: Path, mode: str = "actg") -> dict:
+def actg_config(scale: dict, seed: int, run_dir: Path, mode: str = "actg", **update) -> dict:
     generator = {"model": scale["model"], "steps": scale["steps"], "expected_batch_size": scale["batch"],
                  "physical_batch_size": 8, "max_seq_len": scale["seq"], "learning_rate": scale["lr"],
                  "fill_budget": True}
@@ -63,6 +71,7 @@ def actg_config(scale: dict, seed: int, run_dir: Path, mode: str = "actg") -> di
         "rl": {"steps": scale["rl_steps"], "prompts_per_step": 4, "group_size": 2, "anchor_batch_size": 4,
                "max_new_tokens": scale["new_tokens"], "learning_rate": 0.0002, "beta": 0.2, "seed": seed},
         "evaluation": {"mauve": True, "classifier": True},
+        **update,
     }
 
 
@@ -77,32 +86,67 @@ def _row(system: dict) -> dict:
             "distinct_2": system["stats"].get("distinct_2")}
 
 
-def run_seed(scale: dict, seed: int, out: Path) -> dict:
+def _run(raw: dict) -> dict:
+    """Run (or resume) one pipeline; its metrics.json."""
     from dpsynth_core.actg.pipeline import ActgConfig, run_pipeline
 
-    rows = {}
+    run_dir = run_pipeline(ActgConfig.model_validate(raw), resume=True)
+    return json.loads((Path(run_dir) / "metrics.json").read_text())
+
+
+def _rerun_copy(source: Path, dest: Path, raw: dict, stages: tuple[str, ...]) -> dict:
+    """Copy a finished run's DP artifacts, drop ``stages``' outputs and markers, run them with ``raw``."""
+    if not (dest / "metrics.json").is_file():
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(source, dest, ignore=shutil.ignore_patterns("rl", "release", "plots", "metrics.json", ".lock",
+                                                                    "synthetic.jsonl", "config.yaml"))
+        for stage in stages:
+            (dest / "stages" / f"{stage}.done").unlink(missing_ok=True)
+    return _run(raw)
+
+
+def run_seed(scale: dict, seed: int, out: Path) -> dict:
+    rows, seconds = {}, {}
+    t0 = time.perf_counter()
     actg_dir = out / f"actg_s{seed}"
-    cfg = ActgConfig.model_validate(actg_config(scale, seed, actg_dir))
-    run_pipeline(cfg, resume=True)
-    m = json.loads((actg_dir / "metrics.json").read_text())
+    m = _run(actg_config(scale, seed, actg_dir))
     rows["ACTG"], rows["ACTG-ARL"] = _row(m["systems"]["actg"]), _row(m["systems"]["actg_arl"])
-    rows["_features_djs_1way"] = m["features"]["djs_1way_mean"]
+    rows["_features_djs_1way"] = {"aim": m["features"]["djs_1way_mean"]}
     rows["_reward_agreement"] = m.get("reward_agreement_on_heldout_real")
+    seconds["actg"] = time.perf_counter() - t0
     # RL without anchor: the post-processing stages again on a copy of the same DP artifacts
-    na_dir = out / f"actg_s{seed}_noanchor"
-    if not (na_dir / "metrics.json").is_file():
-        shutil.rmtree(na_dir, ignore_errors=True)
-        shutil.copytree(actg_dir, na_dir, ignore=shutil.ignore_patterns("rl", "release", "plots", "metrics.json", ".lock",
-                                                                        "synthetic.jsonl", "config.yaml"))
-        for stage in ("anchored_rl", "synthesize", "evaluate"):
-            (na_dir / "stages" / f"{stage}.done").unlink(missing_ok=True)
-        raw = actg_config(scale, seed, na_dir)
-        raw["rl"].update(gamma0=0.0, gamma1=0.0)
-        run_pipeline(ActgConfig.model_validate(raw), resume=True)
-    rows["RL without anchor"] = _row(json.loads((na_dir / "metrics.json").read_text())["systems"]["actg_arl"])
-    van_dir = out / f"vanilla_s{seed}"
-    run_pipeline(ActgConfig.model_validate(actg_config(scale, seed, van_dir, mode="vanilla")), resume=True)
-    rows["vanilla DP-FT"] = _row(json.loads((van_dir / "metrics.json").read_text())["systems"]["vanilla"])
+    t0 = time.perf_counter()
+    raw = actg_config(scale, seed, out / f"actg_s{seed}_noanchor")
+    raw["rl"].update(gamma0=0.0, gamma1=0.0)
+    m = _rerun_copy(actg_dir, out / f"actg_s{seed}_noanchor", raw, ("anchored_rl", "synthesize", "evaluate"))
+    rows["RL without anchor"] = _row(m["systems"]["actg_arl"])
+    seconds["rl_without_anchor"] = time.perf_counter() - t0
+    # direct prompting: the base model prompted with the same DP feature rows (synthesize + evaluate only)
+    t0 = time.perf_counter()
+    raw = actg_config(scale, seed, out / f"actg_s{seed}_direct", generator_mode="direct_prompt")
+    m = _rerun_copy(actg_dir, out / f"actg_s{seed}_direct", raw, ("synthesize", "evaluate"))
+    rows["direct prompting"] = _row(m["systems"]["direct_prompt"])
+    seconds["direct_prompting"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    m = _run(actg_config(scale, seed, out / f"vanilla_s{seed}", mode="vanilla"))
+    rows["vanilla DP-FT"] = _row(m["systems"]["vanilla"])
+    seconds["vanilla"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    raw = actg_config(scale, seed, out / f"actg_dpft_features_s{seed}")
+    raw["features"]["generator"] = "dp_ft"
+    m = _run(raw)
+    rows["AIM -> DP-FT features"] = _row(m["systems"]["actg_arl"])
+    rows["_features_djs_1way"]["dp_ft"] = m["features"]["djs_1way_mean"]
+    seconds["dp_ft_features"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    raw = actg_config(scale, seed, out / f"actg_inf_s{seed}", not_private=True)
+    raw["privacy"]["epsilon"] = float("inf")
+    m = _run(raw)
+    assert m["not_private"], "an epsilon = inf run must be marked not private"
+    rows["eps = inf (not private)"] = _row(m["systems"]["actg_arl"])
+    rows["_features_djs_1way"]["eps_inf"] = m["features"]["djs_1way_mean"]
+    seconds["eps_inf"] = time.perf_counter() - t0
+    rows["_seconds"] = {k: round(v, 1) for k, v in seconds.items()}
     return rows
 
 
@@ -130,7 +174,7 @@ def plot(per_seed: list[dict], out: Path) -> None:
 
     keys = [("mauve", "MAUVE"), ("ifacc_judge", "IFAcc (judge)"), ("ifacc_reward", "IFAcc (reward)"),
             ("djs_f", "d_JS^f (1-way, base e)"), ("f1", "downstream macro-F1")]
-    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.5))
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 4))
     for ax, (k, title) in zip(axes, keys):
         means, sds = [], []
         for row in ROWS:
@@ -163,9 +207,10 @@ def main() -> None:
                                                            "per_seed": per_seed}, indent=2))
         print(table(per_seed), flush=True)
     plot(per_seed, args.out)
-    extra = {k: [s[k] for s in per_seed] for k in ("_features_djs_1way", "_reward_agreement")}
+    extra = {k: [s[k] for s in per_seed] for k in ("_features_djs_1way", "_reward_agreement", "_seconds")}
     print(f"scale {args.scale}: {json.dumps(scale)}; seeds {args.seeds}")
-    print(f"AIM feature table vs real private attributes, 1-way d_JS (base e): {extra['_features_djs_1way']}")
+    print(f"seconds per run, per seed: {extra['_seconds']}")
+    print(f"feature table vs real private attributes, 1-way d_JS (base e): {extra['_features_djs_1way']}")
     print(f"reward model agreement with oracle labels on held-out real texts: {extra['_reward_agreement']}")
 
 
