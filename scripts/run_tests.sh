@@ -17,5 +17,7 @@ if [ -z "$workers" ]; then
   workers=$(.venv/bin/python -c 'import os; print(min(4, len(os.sched_getaffinity(0))))')
 fi
 parallel=()
-if [ "$workers" -gt 1 ]; then parallel=(-n "$workers" --dist loadgroup); fi
+# --no-loadscope-reorder: keep tests/conftest.py's order (minutes-long files first); xdist's default
+# sorts the groups by test count, which can leave a worker alone with the sweep at the end.
+if [ "$workers" -gt 1 ]; then parallel=(-n "$workers" --dist loadgroup --no-loadscope-reorder); fi
 .venv/bin/python -m pytest -q -p no:cacheprovider --timeout=900 --durations=15 "${parallel[@]}" $targets "$@"
