@@ -140,6 +140,7 @@ def test_refresh_reads_only_generated_rows_and_the_penalty_applies_mu_per_row(ti
     for step in range(4):
         eo.refresh(model, tok, step)
     assert eo.refreshed_at == [0, 3] and len(seen) == 2  # every refresh_every steps
+    assert [h["step"] for h in eo.history] == [0, 3] and all(0.0 <= h["eo_gap_sex"] <= 1.0 for h in eo.history if h["rows"])
     assert model.training and torch.equal(torch.get_rng_state(), rng_before)  # mode and global RNG left as found
     probs, groups, labels = seen[0]
     assert probs.shape[1] == 2 and len(labels) == len(groups["sex"]) == len(groups["race"]) > 0
@@ -162,7 +163,7 @@ def test_refresh_reads_only_generated_rows_and_the_penalty_applies_mu_per_row(ti
         p = pen.label_log_probs(logits, i, y_pos).exp().detach()
         mu = {("Female", ">50K"): 0.2, ("Male", ">50K"): -0.2}.get((s, y), 0.0)
         expected = 2.0 * float(mu * p[1] - mu * p[0]) / 0.25 / float(n_tok[i]) if y == ">50K" else 0.0
-        assert float(out[i]) == pytest.approx(expected, abs=1e-6)
+        assert float(out[i].detach()) == pytest.approx(expected, abs=1e-6)
     # per example: row 0 (a woman earning >50K, her group's TPR too high) depends on row 0 alone, and
     # its gradient lowers her P(>50K) at the label position
     (g,) = torch.autograd.grad(out[0], logits)

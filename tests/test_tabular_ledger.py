@@ -114,6 +114,7 @@ def test_pipeline_ledger_composes_within_epsilon(finished_run):
     assert stages == ["dp_domain", "dp_fair_stats", "dpsgd", "generate"]  # stage 1 (public rows) costs nothing
     train = json.loads((run / "stages" / "train.done").read_text())
     assert train["public_stage"]["steps"] == 2 and train["base_model"].endswith("/model")
+    assert [r["step"] for r in train["eo_refreshes"]] == [0]  # the EO constants, from rows generated before step 0
     assert (run / "release" / "public_stage.json").is_file()  # how to rebuild the adapter's base model
     by = {e.stage: e for e in ledger.entries()}
     assert by["dp_domain"].epsilon <= 3.0 * 0.05 + 1e-6 and by["dp_fair_stats"].epsilon <= 3.0 * 0.05 + 1e-6

@@ -107,6 +107,7 @@ class GeneratedRowsEO:
         self.rows, self.refresh_every, self.seed = rows, refresh_every, seed
         self.mu: dict[str, dict[tuple[str, int], torch.Tensor]] = {a: {} for a in self.attributes}
         self.refreshed_at: list[int] = []
+        self.history: list[dict] = []
 
     def set_from_rows(self, probs: torch.Tensor, groups: dict[str, list[str]], labels: list[int]) -> None:
         for a in self.attributes:
@@ -126,6 +127,9 @@ class GeneratedRowsEO:
         if len(labels):
             self.set_from_rows(probs, groups, labels)
         self.refreshed_at.append(step)
+        # the generator's own soft EO gap per attribute on these rows (generated, so loggable)
+        self.history.append({"step": step, "rows": len(labels),
+                             **{f"eo_gap_{a}": eo_gap(probs, groups[a], labels) if labels else None for a in self.attributes}})
 
     def sample(self, model, tokenizer, step: int) -> tuple[torch.Tensor, dict[str, list[str]], list[int]]:
         """``rows`` rows from the current model: label distributions, groups per attribute, sampled labels."""

@@ -9,9 +9,11 @@ Stages (each leaves ``stages/<name>.done``; a rerun skips finished stages)::
 
     prepare     draw the secret working subset of the private file (owner-only state); resolve the
                 schema's `domain: dp` columns under DP (Gaussian histogram)   -> schema_resolved.json
-    fair_stats  DP (A, Y) table -> fairness targets (only with a fairness term) -> fair_targets.json
+    fair_stats  one DP (A, Y) table per sensitive attribute -> fairness targets (only with a fairness
+                term)                                                          -> fair_targets.json
     train       stage 1 (optional, no private data): LoRA on public schema rows, merged -> public_stage.json;
-                stage 2: DP-SGD LoRA fine-tuning with the fairness penalty    -> train/ (adapter)
+                stage 2: DP-SGD LoRA fine-tuning with the fairness penalty (its equalized-odds
+                constants renewed from rows the model generates)              -> train/ (adapter)
     generate    constrained, fairness-aware generation (post-processing)      -> synthetic.csv
     evaluate    TSTR / TVD / fairness / DCR+MIA on real data (owner-side report, not a release)
     reference   the TSTR classifiers trained on the real sample (owner-side reference row)
@@ -188,7 +190,7 @@ def _train(cfg: DpFairConfig, run: Path, schema: TableSchema, ser, base_model: s
     t, ledger = cfg.training, _ledger(run)
     private = private_data.load_private(cfg, run, schema)
     examples = [TrainExample(prompt=p, target=x) for p, x in ser.examples(private)]
-    penalty = None
+    penalty = eo = None
     if cfg.fairness.enabled:
         from dpsynth_core.models import load_tokenizer
         from dpsynth_core.tabular.constrained import RowConstraint
@@ -198,7 +200,6 @@ def _train(cfg: DpFairConfig, run: Path, schema: TableSchema, ser, base_model: s
         f = cfg.fairness
         targets = load_targets((run / "fair_targets.json").read_text())
         constraint = RowConstraint(ser, load_tokenizer(base_model))
-        eo = None
         if f.any_weight("eo"):  # constants from rows the model being trained generates (no privacy cost)
             eo = GeneratedRowsEO(constraint, [x.sensitive for x in targets], targets[0].label_prior or targets[0].target_y,
                                  rows=f.eo_rows, refresh_every=f.eo_refresh_every, seed=t.seed)
@@ -215,7 +216,7 @@ def _train(cfg: DpFairConfig, run: Path, schema: TableSchema, ser, base_model: s
     )
     res = train_dp_lora(examples, dcfg, output_dir=run / "train", ledger=ledger, stage="dpsgd", per_example_penalty=penalty)
     return {"epsilon": res.epsilon, "noise_multiplier": res.noise_multiplier, "steps": res.steps,
-            "adapter_dir": str(res.adapter_dir)}
+            "adapter_dir": str(res.adapter_dir), **({"eo_refreshes": eo.history} if eo is not None else {})}
 
 
 def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path, base_model: str) -> dict:
