@@ -229,6 +229,9 @@ def test_rerun_finished_or_changed_config(finished_run, capsys):
     [
         ({"columns": ["age", "salary", "income"]}, "unknown column 'salary'"),
         ({"fairness": {"lambda_dp": 1.0, "sensitive": "gender"}}, "unknown column 'gender'"),
+        ({"fairness": {"lambda_dp": 1.0, "sensitive": ["sex", "gender"]}}, "unknown column 'gender'"),
+        ({"fairness": {"lambda_dp": 1.0, "sensitive": ["sex", "sex"]}}, "distinct"),
+        ({"fairness": {"lambda_dp": {"race": 1.0}}}, "fairness.lambda_dp"),  # default attribute: sex only
         ({"epsilon": -1}, "epsilon"),
         ({"baseline": {"aim": True}}, "dpsynth run aim"),
         ({"delta": 0.01}, "field 'delta'"),  # not below 1/m for m = 160 expected private rows

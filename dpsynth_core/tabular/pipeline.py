@@ -64,6 +64,11 @@ def public_schema(cfg: DpFairConfig) -> TableSchema:
     for a in attributes + cfg.generation.fairness.attributes(schema.sensitive):
         if not schema.column(a).is_categorical:
             raise ConfigError(f"fairness: sensitive attribute '{a}' must be a categorical column")
+    for name in ("dp", "reweigh", "eo"):  # a per-attribute weight for an attribute the run does not use
+        weight = getattr(cfg.fairness, f"lambda_{name}")
+        if isinstance(weight, dict) and set(weight) - set(attributes):
+            raise ConfigError(f"fairness.lambda_{name}: weights for {sorted(set(weight) - set(attributes))}, "
+                              f"but the sensitive attributes are {attributes}")
     return schema
 
 
