@@ -93,6 +93,16 @@ def trial_config(base: dict, overrides: dict[str, Any], params: dict[str, Any], 
     return config
 
 
+def base_for_trials(base_path: Path) -> dict:
+    """The base config with its relative input paths (``schema_path``, ``data.path`` ...) made absolute,
+    next to the base config else in the current directory, as ``load_config`` finds them: a trial's
+    config is written to the trials directory and runs in Tune's trial directory, where neither holds."""
+    from dpsynth_core.config_paths import resolve_input_paths
+
+    base = yaml.safe_load(base_path.read_text()) or {}
+    return resolve_input_paths(resolve_input_paths(base, base_path.parent), Path.cwd())
+
+
 def flatten(metrics: dict, prefix: str = "") -> dict[str, float]:
     flat: dict[str, float] = {}
     for key, value in metrics.items():
@@ -188,7 +198,7 @@ def run(config: SweepConfig) -> dict:
     base_path = config.base_config
     if not base_path.is_file():
         raise ConfigError(f"{base_path}: base pipeline config not found")
-    base = yaml.safe_load(base_path.read_text()) or {}
+    base = base_for_trials(base_path)
     space = _search_space(config)
     for key in list(space) + list(config.overrides):
         trial_config(base, config.overrides, {key: 0}, Path("/tmp/check"))  # validates dotted keys early

@@ -34,3 +34,21 @@ def test_dpfair_space_gives_valid_trial_configs(tmp_path):
 def test_private_dpfair_sweep_is_refused():
     with pytest.raises(ConfigError, match="reads private data|private"):
         check_sweep_allowed(TuningPrivacy(data="private", selection="random_trials", epsilon_budget=4.0), "random", "fifo", "dpfair", "f1_gb")
+
+
+def test_trial_configs_find_the_schema_from_the_trial_directory(tmp_path, monkeypatch):
+    """A trial's config lies in the trials directory and runs in Tune's trial directory: the base
+    config's relative schema_path (bundled configs: relative to the repository root) must still resolve."""
+    from dpsynth_core.config import load_config
+    from dpsynth_core.tabular.schema import load_schema
+    from ray_jobs.sweep import base_for_trials, trial_config
+
+    monkeypatch.chdir(REPO)  # where `dpsynth tune` is started
+    base = base_for_trials(REPO / "configs" / "dpfair_tiny_test.yaml")
+    trial_dir = tmp_path / "trials" / "abc"
+    trial_dir.mkdir(parents=True)
+    path = tmp_path / "trials" / "abc.yaml"
+    path.write_text(yaml.safe_dump(trial_config(base, {}, {"fairness.lambda_eo": 1.0}, trial_dir)))
+    monkeypatch.chdir(tmp_path)  # Tune's trial directory
+    cfg = load_config(path, DpFairConfig)
+    assert load_schema(cfg.schema_path).target == "income" and cfg.fairness.lambda_eo == 1.0
