@@ -94,7 +94,12 @@ def deploy(config: ServeConfig, *, blocking: bool = False):
         serve.start(http_options={"host": config.http.host, "port": config.http.port})
     else:
         serve.start(proxy_location="Disabled")
-    app = build_generation_app(config)
+    if config.app == "ray_llm":
+        from serving.ray_llm import build_ray_llm_app
+
+        app = build_ray_llm_app(config)  # its handle is Ray's OpenAI ingress, not ours
+    else:
+        app = build_generation_app(config)
     route = config.http.route_prefix if config.http.enabled else None
     return serve.run(app, name=config.app_name, route_prefix=route, blocking=blocking)
 

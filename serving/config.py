@@ -145,6 +145,9 @@ class ServeConfig(StrictConfig):
     """The whole generation application."""
 
     app_name: str = "dpsynth-generation"
+    # dpsynth: our routes, Best-of-N, multi-PLM, API key and limits (HF or vLLM replicas);
+    # ray_llm: Ray's own OpenAI app on vLLM (ray.serve.llm; serving.ray_llm says what it lacks)
+    app: Literal["dpsynth", "ray_llm"] = "dpsynth"
     models: list[ModelDeploymentConfig] = Field(min_length=1)
     http: HttpConfig = Field(default_factory=HttpConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)

