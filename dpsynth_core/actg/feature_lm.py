@@ -35,25 +35,32 @@ def _line_prefix(field) -> str:
 
 
 def option_logprobs(model, tokenizer, prefix: str, options: list[str]) -> np.ndarray:
-    """Sum of token log-probs of ``" " + option + newline`` after ``prefix``, for each option (one batch)."""
+    """Sum of token log-probs of ``" " + option + newline`` after ``prefix``, for each option.
+
+    The prefix runs once and its KV cache is shared by the options (one batch, right-padded), so a
+    field costs one prefix plus the options' few tokens (~10x fewer tokens than scoring each
+    option with the prefix again)."""
     import torch
 
     prefix_ids = tokenizer(prefix, add_special_tokens=True)["input_ids"]
     conts = [tokenizer(" " + o + "\n", add_special_tokens=False)["input_ids"] for o in options]
-    seqs = [prefix_ids + c for c in conts]
-    width = max(len(s) for s in seqs)
+    width = max(len(c) for c in conts)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    for i, s in enumerate(seqs):  # right padding: positions of the real tokens are unchanged
-        ids[i, :len(s)], attn[i, :len(s)] = torch.tensor(s), 1
+    ids = torch.full((len(conts), width), pad, dtype=torch.long)
+    attn = torch.zeros((len(conts), len(prefix_ids) + width), dtype=torch.long)
+    attn[:, :len(prefix_ids)] = 1
+    for i, c in enumerate(conts):  # right padding: the real tokens keep their positions
+        ids[i, :len(c)], attn[i, len(prefix_ids):len(prefix_ids) + len(c)] = torch.tensor(c), 1
     with torch.no_grad():
-        logp = torch.log_softmax(model(input_ids=ids, attention_mask=attn).logits.float(), dim=-1)
+        head = model(input_ids=torch.tensor([prefix_ids]), use_cache=True)
+        cache = head.past_key_values
+        cache.batch_repeat_interleave(len(conts))
+        first = torch.log_softmax(head.logits[0, -1].float(), dim=-1)  # predicts each option's first token
+        rest = torch.log_softmax(model(input_ids=ids, attention_mask=attn, past_key_values=cache,
+                                       use_cache=True).logits.float(), dim=-1)
     out = np.zeros(len(options))
     for i, c in enumerate(conts):
-        start = len(prefix_ids)
-        for j, tok in enumerate(c):
-            out[i] += float(logp[i, start + j - 1, tok])
+        out[i] = float(first[c[0]]) + sum(float(rest[i, j - 1, c[j]]) for j in range(1, len(c)))
     return out
 
 
