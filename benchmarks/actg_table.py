@@ -41,10 +41,13 @@ SCALES = {
     # tiny random model: checks the plumbing only (numbers mean nothing)
     "smoke": dict(model="tiny-llama", n_records=48, n_eval=40, n_public=40, n_synthetic=9, steps=2, batch=8,
                   seq=96, new_tokens=12, best_of=2, rl_steps=1, max_chars=400, lora=None, lr=0.001),
-    # SmolLM2-135M-Instruct at a size the shared 2-core machine finishes in about an hour for 3 seeds
-    "small": dict(model="smollm2-135m-instruct", n_records=300, n_eval=120, n_public=150, n_synthetic=24, steps=8,
-                  batch=16, seq=128, new_tokens=48, best_of=2, rl_steps=2, max_chars=500, lr=0.002,
-                  lora={"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}),
+    # SmolLM2-135M-Instruct sized for ~20-25 min per seed (7 rows: 3 full ACTG runs, vanilla, 2 re-runs) on
+    # the idle 2-core machine. NOT measured end to end: estimated from measured CPU-seconds (2 threads, loaded
+    # machine, /work/figures/actg_a16/micro_cpu_seconds.log): one DP-SGD step of 16 x 128 tokens 63 CPU-s, HF
+    # generation of 12 x 48 tokens 96 CPU-s; total ~2,500 CPU-s per seed at these settings.
+    "small": dict(model="smollm2-135m-instruct", n_records=300, n_eval=100, n_public=100, n_synthetic=12, steps=4,
+                  batch=8, seq=128, new_tokens=32, best_of=2, rl_steps=1, max_chars=500, lr=0.003,
+                  lora={"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}, feature_lm_seq=96),
 }
 
 ROWS = ["vanilla DP-FT", "ACTG", "ACTG-ARL", "RL without anchor", "AIM -> DP-FT features", "direct prompting",
@@ -133,7 +136,7 @@ def run_seed(scale: dict, seed: int, out: Path) -> dict:
     seconds["vanilla"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     raw = actg_config(scale, seed, out / f"actg_dpft_features_s{seed}")
-    raw["features"]["generator"] = "dp_ft"
+    raw["features"].update(generator="dp_ft", lm={"max_seq_len": scale.get("feature_lm_seq", scale["seq"])})
     m = _run(raw)
     rows["AIM -> DP-FT features"] = _row(m["systems"]["actg_arl"])
     rows["_features_djs_1way"]["dp_ft"] = m["features"]["djs_1way_mean"]
