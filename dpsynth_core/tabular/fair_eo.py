@@ -22,8 +22,9 @@ the P(a | y)-weighted variance over groups of the conditional prediction rates, 
 rows that is a statistic of the whole batch, so a per-example loss using it would let one record
 move every other record's term (unbounded sensitivity), and releasing it would cost budget. Here mu
 is computed on ``rows`` rows the CURRENT model generates (``refresh`` is called by the DP-SGD engine
-before a step, every ``refresh_every`` steps): a function of the DP model alone, so post-processing,
-no privacy cost and nothing in the ledger. The surrogate then acts per example on the private rows,
+before a step, every ``refresh_every`` steps): a function of the DP model alone (DP-SGD's accountant
+covers every intermediate model, as each step's update is released) and of a public sampling seed,
+so post-processing, no privacy cost and nothing in the ledger. The surrogate then acts per example on the private rows,
 s_i depends on record i and on constants only, and DP-SGD clips the gradient of (LM_i + penalty_i)
 to C as for any per-example loss, so the accountant is unchanged. P(y) is the label marginal of the
 DP (A, Y) table (already in the ledger), floored at ``MIN_LABEL_PRIOR`` so the weight is bounded.
