@@ -46,6 +46,8 @@ class BatchGenerateConfig(StrictConfig):
     logits_processor: str | None = None
     # auto: vLLM where installed and it runs the model (and no logits_processor is set), else HF generate
     engine: Literal["auto", "vllm", "hf"] = "auto"
+    # actors: our engine mapped over the rows; ray_data_llm: Ray's own vLLM processor (ray.data.llm)
+    runner: Literal["actors", "ray_data_llm"] = "actors"
     num_actors: Annotated[int, cap(1024, 'generator actors')] = Field(1, gt=0)
     batch_size: Annotated[int, BATCH_CAP] = Field(16, gt=0)
     cpus_per_actor: float = Field(1.0, gt=0)
@@ -63,6 +65,8 @@ class BatchGenerateConfig(StrictConfig):
             raise ValueError("give exactly one of 'prompts_file' or 'prompt'")
         if self.logits_processor and self.engine == "vllm":
             raise ValueError("field 'logits_processor': a transformers logits processor needs engine 'hf'")
+        if self.runner == "ray_data_llm" and (self.logits_processor or self.engine == "hf"):
+            raise ValueError("field 'runner': ray_data_llm runs vLLM only (no engine hf, no logits_processor)")
         if self.device == "cuda" and self.gpus_per_actor <= 0:
             raise ValueError("device 'cuda' needs gpus_per_actor > 0: Ray hides GPUs from an actor that asks for none")
         return self
@@ -148,16 +152,21 @@ def run(config: BatchGenerateConfig) -> dict:
     for index in tqdm(todo, desc="shards", unit="shard", initial=n_shards - len(todo), total=n_shards):
         lo, hi = index * config.shard_size, min(len(prompts), (index + 1) * config.shard_size)
         items = [{"id": i, "prompt": prompts[i]} for i in range(lo, hi)]
-        ds = ray.data.from_items(items, override_num_blocks=max(1, config.num_actors * 2))
-        out = ds.map_batches(
-            GeneratorActor,
-            fn_constructor_kwargs={"config": config.model_dump(mode="json")},
-            batch_size=config.batch_size,
-            concurrency=config.num_actors,
-            num_cpus=config.cpus_per_actor,
-            num_gpus=config.gpus_per_actor or None,
-            batch_format="numpy",
-        )
+        if config.runner == "ray_data_llm":
+            from ray_jobs.ray_llm_batch import generate
+
+            out = generate(items, config, num_blocks=max(1, config.num_actors * 2))
+        else:
+            ds = ray.data.from_items(items, override_num_blocks=max(1, config.num_actors * 2))
+            out = ds.map_batches(
+                GeneratorActor,
+                fn_constructor_kwargs={"config": config.model_dump(mode="json")},
+                batch_size=config.batch_size,
+                concurrency=config.num_actors,
+                num_cpus=config.cpus_per_actor,
+                num_gpus=config.gpus_per_actor or None,
+                batch_format="numpy",
+            )
         frame = out.to_pandas().sort_values("id").reset_index(drop=True)
         _write_atomic(frame, _shard_path(config, index), config.output_format)
         rows += len(frame)
