@@ -1,12 +1,11 @@
 """Generation engines compared in-process: HF batched ``generate`` vs vLLM, same prompts, same model.
 
-    /work/vllm-venv/bin/python benchmarks/generation_engines.py \
+    .venv-vllm/bin/python benchmarks/generation_engines.py \
         [--models smollm2-135m-instruct gemma3-270m] [--prompts 32 128] [--new-tokens 64] \
         [--backends hf vllm] [--hf-batch-size 32] [--kv-cache-gib 4] [--two-plms] [--json out.json]
 
-For each model, the backends run back to back (so a busy shared machine affects both alike):
-load the engine, one small warm-up call, then ``--prompts`` prompts submitted at once, each asking
-for ``--new-tokens`` sampled tokens (temperature 1). Reported: engine load time, generated tokens/s
+For each model: load each engine, one small warm-up call, then ``--prompts`` prompts submitted
+at once, each asking for ``--new-tokens`` sampled tokens (temperature 1). Reported: engine load time, generated tokens/s
 (tokens counted by re-encoding the returned texts with the model's tokenizer, the same way for both
 backends), p50/p99 latency per prompt (time from submission of the batch until that prompt's
 completion: HF finishes a whole batch at a time, vLLM each sequence as it ends). HF runs in the
@@ -16,7 +15,9 @@ project's float32, vLLM in bfloat16 with ``enforce_eager``.
 each with ``--kv-cache-gib`` of KV cache, runs ``--prompts`` prompts through each, and reports the
 peak resident memory of this process and the engine processes it started.
 
-In-process only: the same comparison through Ray Serve over HTTP is phase 2 (ray.serve.llm).
+In-process; the same comparison through Ray Serve over HTTP is benchmarks/serve_engines.py.
+Both backends of a model are loaded at once and each prompt count runs on both, the order
+alternating, so a ratio's two numbers share the machine's state.
 The machine may be shared: the load average is printed before and after; read ratios.
 """
 
@@ -101,31 +102,43 @@ def sampling(args, chat: bool):
     return SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, top_p=1.0, seed=0, chat=chat)
 
 
-def bench_backend(model: str, backend: str, args) -> list[dict]:
-    from dpsynth_core.engines import SamplingParams, load_engine
-
+def measure(engine, model: str, count: int, args, load_s: float) -> dict:
     chat = "instruct" in model
     start = time.perf_counter()
-    engine = load_engine(engine_config(model, backend, args))
-    load_s = time.perf_counter() - start
-    rows = []
+    batch = engine.run(make_prompts(count), sampling(args, chat))
+    wall = time.perf_counter() - start
+    # re-encoded texts, the same count for both backends (HF's engine can only count this way)
+    tokens = sum(len(engine.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in batch.texts)
+    row = {
+        "model": model, "backend": engine.backend, "prompts": count, "load_s": round(load_s, 1),
+        "wall_s": round(wall, 1), "tokens": tokens, "tokens_per_s": round(tokens / wall, 1),
+        "p50_s": round(percentile(batch.latencies_s, 0.5), 1),
+        "p99_s": round(percentile(batch.latencies_s, 0.99), 1), "load_avg": load_average(),
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def bench_model(model: str, args) -> list[dict]:
+    """Every backend loaded at once, then each prompt count on each backend, the order alternating
+    (hf, vllm, then vllm, hf): the pair of a ratio shares the machine's state."""
+    from dpsynth_core.engines import SamplingParams, load_engine
+
+    engines, load_s = {}, {}
     try:
-        engine.run(make_prompts(2), SamplingParams(max_new_tokens=4, seed=0, chat=chat))  # warm-up
-        for count in args.prompts:
+        for backend in args.backends:
             start = time.perf_counter()
-            batch = engine.run(make_prompts(count), sampling(args, chat))
-            wall = time.perf_counter() - start
-            tokens = sum(len(engine.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in batch.texts)
-            rows.append({
-                "model": model, "backend": engine.backend, "prompts": count, "load_s": round(load_s, 1),
-                "wall_s": round(wall, 1), "tokens": tokens, "tokens_per_s": round(tokens / wall, 1),
-                "p50_s": round(percentile(batch.latencies_s, 0.5), 1),
-                "p99_s": round(percentile(batch.latencies_s, 0.99), 1), "load_avg": load_average(),
-            })
-            print(json.dumps(rows[-1]), flush=True)
+            engines[backend] = load_engine(engine_config(model, backend, args))
+            load_s[backend] = time.perf_counter() - start
+            engines[backend].run(make_prompts(2), SamplingParams(max_new_tokens=4, seed=0, chat="instruct" in model))
+        rows = []
+        for i, count in enumerate(args.prompts):
+            order = args.backends if i % 2 == 0 else args.backends[::-1]
+            rows += [measure(engines[b], model, count, args, load_s[b]) for b in order]
+        return rows
     finally:
-        engine.close()
-    return rows
+        for engine in engines.values():
+            engine.close()
 
 
 def two_plms(args) -> dict:
@@ -176,8 +189,7 @@ def main() -> None:
         result = two_plms(args)
         print(json.dumps(result))
     else:
-        result = [row for model in args.models for backend in args.backends
-                  for row in bench_backend(model, backend, args)]
+        result = [row for model in args.models for row in bench_model(model, args)]
         print(table(result))
     print(f"load average after: {load_average()}", flush=True)
     if args.json:
