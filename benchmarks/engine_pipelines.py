@@ -39,12 +39,29 @@ def engine_orders(repeats: int) -> list[tuple[str, str]]:
     return [ENGINES if r % 2 == 0 else ENGINES[::-1] for r in range(repeats)]
 
 
+def plm_on(plm, engine: str, kv_cache_gib: float):
+    """The runner's in-process PLM (pe.llm.LocalLLM: same prompts, chat rule and cleaning) on ``engine``,
+    with a vLLM KV cache of ``kv_cache_gib`` (LocalLLM keeps the engine default, 4 GiB)."""
+    from dpsynth_core.engines import EngineConfig, load_engine
+    from dpsynth_core.pe.llm import LocalLLM
+
+    class SizedLocalLLM(LocalLLM):
+        def __init__(self) -> None:  # LocalLLM.__init__, plus kv_cache_gib
+            self.model_name, self.name = plm.model, plm.display_name
+            self.engine = load_engine(EngineConfig(model=plm.model, backend=engine, hf_batch_size=plm.batch_size,
+                                                   torch_threads=os.cpu_count(), max_model_len=4096,
+                                                   kv_cache_gib=kv_cache_gib))
+            self.chat = bool(getattr(self.engine.tokenizer, "chat_template", None))
+
+    return SizedLocalLLM()
+
+
 def wasp(args) -> dict:
     import numpy as np
 
     from dpsynth_core.config import load_config
     from dpsynth_core.pe.config import PEConfig
-    from dpsynth_core.pe.llm import GenerationParams, LocalLLM
+    from dpsynth_core.pe.llm import GenerationParams
     from dpsynth_core.pe.prompts import load_prompts
     from dpsynth_core.pe.weights import allocate_budget
 
@@ -63,8 +80,7 @@ def wasp(args) -> dict:
     loaded, load_s = {}, {}
     for engine in ENGINES:
         start = time.perf_counter()
-        loaded[engine] = [LocalLLM(p.model, batch_size=p.batch_size, name=p.display_name, engine=engine,
-                                   num_threads=os.cpu_count()) for p in plms]
+        loaded[engine] = [plm_on(p, engine, args.kv_cache_gib) for p in plms]
         load_s[engine] = round(time.perf_counter() - start, 1)
     try:
         # Zero-shot samples (vLLM, fast) become the good / bad examples of the contrastive prompts.
@@ -142,6 +158,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="bench", required=True)
     w = sub.add_parser("wasp")
     w.add_argument("--config", default="configs/wasp_demo.yaml")
+    w.add_argument("--kv-cache-gib", type=float, default=4.0, help="vLLM KV cache per PLM")
     d = sub.add_parser("dpfair")
     d.add_argument("--model", default="smollm2-135m-instruct")
     d.add_argument("--rows", type=int, default=200)

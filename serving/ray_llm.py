@@ -98,5 +98,10 @@ def build_ray_llm_app(config: ServeConfig):
     configs = [LLMConfig(**llm_config_kwargs(m, model_source(m), config.limits.max_prompt_tokens))
                for m in config.models]
     # our subclass of Ray's ingress: its import fixes the routes in the replica (serving.ray_llm_ingress)
-    return build_openai_app({"llm_configs": configs,
-                             "ingress_cls_config": {"ingress_cls": "serving.ray_llm_ingress:RayLLMIngress"}})
+    return build_openai_app({
+        "llm_configs": configs,
+        "ingress_cls_config": {"ingress_cls": "serving.ray_llm_ingress:RayLLMIngress"},
+        # the ingress only routes (as our own ingress, it takes no CPU): on a 2-CPU node its default
+        # CPU left it unscheduled next to the engine
+        "ingress_deployment_config": {"ray_actor_options": {"num_cpus": 0}},
+    })
