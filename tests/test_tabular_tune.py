@@ -15,11 +15,12 @@ from dpsynth_core.tuning import TuningPrivacy, check_sweep_allowed
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_dpfair_space_gives_valid_trial_configs(tmp_path):
+@pytest.mark.parametrize("space_name", ["default", "tiny"])
+def test_dpfair_space_gives_valid_trial_configs(tmp_path, space_name):
     from ray_jobs.sweep import SweepConfig, _search_space, trial_config
 
     cfg = SweepConfig(pipeline="dpfair", base_config=REPO / "configs" / "dpfair_tiny_test.yaml", metric="f1_gb",
-                      privacy=TuningPrivacy(data="public"))
+                      space=space_name, privacy=TuningPrivacy(data="public"))
     space = _search_space(cfg)
     base = yaml.safe_load(cfg.base_config.read_text())
     for pick in (0, -1):  # the ends of every range / choice

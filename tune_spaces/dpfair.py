@@ -19,4 +19,13 @@ def default() -> dict:
     }
 
 
-SPACES = {"default": default}
+def tiny() -> dict:
+    """The fairness weights only, 2 DP-SGD steps: a quick check that a sweep runs (tiny-llama configs)."""
+    return {
+        "fairness.lambda_dp": tune.uniform(0.0, 1.0),
+        "fairness.lambda_eo": tune.uniform(0.0, 4.0),
+        "training.steps": tune.choice([2]),
+    }
+
+
+SPACES = {"default": default, "tiny": tiny}
