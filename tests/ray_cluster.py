@@ -37,6 +37,9 @@ def cluster_env() -> dict[str, str]:
     env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
     env["RAY_AUTH_MODE"] = "disabled"  # a loopback-only test cluster; real clusters pass RAY_AUTH_TOKEN
+    # A node's raylet must register within this (default 30 s); on a loaded 2-core machine it did
+    # not ("The current node timed out during startup ... RAY_raylet_start_wait_time_s").
+    env["RAY_raylet_start_wait_time_s"] = "180"
     return env
 
 
