@@ -64,7 +64,8 @@ def write_release(run_dir: str | Path, items: Mapping[str, str | Path], *, ledge
         manifest = {
             "method": method,
             "dataset": summary["dataset"],
-            "epsilon": summary["total_epsilon"],
+            # A reference run (epsilon = inf) has no DP epsilon: null, never the 0.0 its empty ledger sums to.
+            "epsilon": None if summary.get("not_private") else summary["total_epsilon"],
             "epsilon_budget": summary["epsilon_budget"],
             "delta": summary["delta"],
             "not_private": summary.get("not_private", False),

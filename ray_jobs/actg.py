@@ -74,32 +74,9 @@ def main(config_path: Path, resume: bool = True) -> Path:
 
 def summary(run_dir: Path) -> str:
     """The headline figures of a finished run (what `make demo` prints after the ledger)."""
-    import json
+    from dpsynth_core.actg.report import summarize
 
-    m = json.loads((Path(run_dir) / "metrics.json").read_text())
-    f = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
-    lines = [f"run {m['name']} ({m['mode']}): {m['n_synthetic']} synthetic texts, {m['n_real_eval']} held-out real texts"]
-    if "ifacc" in m:
-        i = m["ifacc"]
-        lines.append(f"IFAcc ({i['extractor']} extractor): plain {f(i['plain_sampling'])} | best-of-{i['best_of_n_n']} "
-                     f"{f(i['best_of_n'])} | after RL {f(i['after_rl'])}")
-    if "features" in m:
-        lines.append(f"AIM features d_JS: 1-way mean {f(m['features']['djs_1way_mean'])}, "
-                     f"2-way mean {f(m['features']['djs_2way_mean'])}")
-    if "mauve" in m:
-        lines.append(f"MAUVE vs held-out real: {f(m['mauve']['mauve'])}")
-    lines.append(f"attribute d_JS of texts (extracted, 1-way mean): {f(m['text_attribute_djs_1way']['mean'])}")
-    for k, v in m.get("downstream", {}).items():
-        if isinstance(v, dict):
-            lines.append(f"downstream {m['downstream']['label_field']} ({k}): acc {f(v['accuracy'])}, "
-                         f"majority baseline {f(v['majority_baseline'])}")
-    s = m["synthetic_stats"]
-    lines.append(f"synthetic length: {s['mean_words']:.1f} words (real {m['real_stats']['mean_words']:.1f}); "
-                 f"distinct-2 {f(s['distinct_2'])}; 3-gram repetition {f(s['repetition_3'])}")
-    led = m["ledger"]
-    lines.append(f"privacy: epsilon {led['total_epsilon']:.3f} of {led['epsilon_budget']} at delta {led['delta']:.2e}")
-    lines.append(f"metrics: {Path(run_dir) / 'metrics.json'}   plots: {Path(run_dir) / 'plots'}/")
-    return "\n".join(lines)
+    return summarize(run_dir)
 
 
 if __name__ == "__main__":  # python -m ray_jobs.actg CONFIG | python -m ray_jobs.actg --summary RUN_DIR

@@ -146,6 +146,10 @@ def test_pipeline_end_to_end_on_ray_with_resume(ray_session, tmp_path):
     assert 0.0 < m["mauve"]["mauve"] <= 1.0
     assert 0.0 <= m["features"]["djs_1way_mean"] <= 1.0
     assert {"lengths.png", "ifacc.png", "rl_curve.png", "features_djs.png"} <= {p.name for p in (run / "plots").iterdir()}
+    from dpsynth_core.actg.report import summarize  # what `make demo` prints at the end
+
+    headline = summarize(run)
+    assert "actg_arl: 2 texts" in headline and f"epsilon {m['ledger']['total_epsilon']:.3f}" in headline
     # no private text in the run directory's summaries
     from dpsynth_core.data import load_biorxiv
 

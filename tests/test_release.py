@@ -40,6 +40,17 @@ def test_release_holds_dp_outputs_ledger_and_manifest_only(finished_run, tmp_pat
     assert "sampling_seed" not in "".join(p.read_text(errors="ignore") for p in dest.rglob("*") if p.is_file())
 
 
+def test_a_not_private_run_releases_no_epsilon(tmp_path):
+    """A reference run records no event: its manifest must not claim epsilon 0 (the strongest guarantee)."""
+    run = tmp_path / "run"
+    ledger = PrivacyLedger.create(run, "toy", 1e6, 1e-5)  # a nominal budget: the ledger requires a finite one
+    ledger.mark_not_private("generator", "epsilon = inf: no noise")
+    (run / "synthetic.csv").write_text("a,b\n1,2\n")
+    write_release(run, {"synthetic.csv": run / "synthetic.csv"}, ledger=ledger, method="toy")
+    manifest = verify_release(run)
+    assert manifest["epsilon"] is None and manifest["not_private"]
+
+
 def test_release_refuses_tampering_and_a_non_empty_destination(finished_run, tmp_path):
     run, _ = finished_run
     busy = tmp_path / "busy"
