@@ -72,21 +72,9 @@ def make_examples(n: int, seq: int):
 
 def non_private_clipper(model, max_grad_norm: float):
     """The non-DP baseline: the batch gradient summed by one ordinary backward, no clipping."""
-    from dpsynth_core.dpsgd.clipping import PerSampleClipper
+    from dpsynth_core.dpsgd.clipping import BatchGradientSum
 
-    class NonPrivateSum(PerSampleClipper):
-        @property
-        def module(self):
-            return model
-
-        def accumulate(self, row_losses, row_unit, n_units, buffers):
-            row_losses.sum().backward()
-            for buf, p in zip(buffers, self.params):
-                if p.grad is not None:
-                    buf.add_(p.grad.to(buf.dtype))
-                p.grad = None
-
-    return NonPrivateSum(model, max_grad_norm)
+    return BatchGradientSum(model, max_grad_norm)
 
 
 def build_engine(model: str, batch: int, mode: str, seq: int, physical: int):

@@ -47,19 +47,7 @@ def noiseless_features(real: pd.DataFrame, schema, n_rows: int, seed: int, ledge
 
 def no_clipping(model, max_grad_norm: float):
     """A clipper for ``DpSgdEngine`` that sums the batch gradient with one ordinary backward."""
-    from dpsynth_core.dpsgd.clipping import PerSampleClipper
-
-    class BatchGradientSum(PerSampleClipper):
-        @property
-        def module(self):
-            return model
-
-        def accumulate(self, row_losses, row_unit, n_units, buffers):
-            row_losses.sum().backward()
-            for buf, p in zip(buffers, self.params):
-                if p.grad is not None:
-                    buf.add_(p.grad.to(buf.dtype))
-                p.grad = None
+    from dpsynth_core.dpsgd.clipping import BatchGradientSum
 
     return BatchGradientSum(model, max_grad_norm)
 

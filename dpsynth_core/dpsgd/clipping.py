@@ -139,3 +139,24 @@ def make_clipper(mode: str, model: nn.Module, max_grad_norm: float) -> PerSample
     if mode == "ghost":
         return GhostClipper(model, max_grad_norm)
     raise ValueError(f"unknown clipping mode '{mode}' (expected 'ghost' or 'hooks')")
+
+
+class BatchGradientSum(PerSampleClipper):
+    """No clipping: the batch gradient summed by one ordinary backward. Only for non-private runs
+    (epsilon = inf references, the non-DP baseline of the benchmarks), never under a DP event."""
+
+    def __init__(self, model, max_grad_norm: float):
+        self._model = model
+        super().__init__(model, max_grad_norm)
+
+    @property
+    def module(self):
+        return self._model
+
+    def accumulate(self, row_losses, row_unit, n_units, buffers):
+        row_losses.sum().backward()
+        for buf, p in zip(buffers, self.params):
+            if p.grad is not None:
+                buf.add_(p.grad.to(buf.dtype))
+            p.grad = None
+
