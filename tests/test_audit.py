@@ -80,8 +80,11 @@ def test_canaries_disjoint_and_inclusion_secret():
 # --- the audit on a real DP-SGD run ----------------------------------------------------------
 DATA = [TrainExample("", f"note {i}") for i in range(20)]
 # One config for both runs; only sigma differs. rdp: its calibration is the fastest here.
-CONFIG = DpSgdConfig(model="tiny-llama", epsilon=0.5, delta=1e-5, steps=15, expected_batch_size=24,
-                     physical_batch_size=24, learning_rate=0.1, max_seq_len=16, device="cpu", accountant="rdp")
+# 40 steps (each canary sampled ~8 times): with 15 steps at lr 0.1 the noise-off run memorised
+# too little to refute eps = 0.5 in about 1 of 4 runs (32-46 of 50 right); with 40 at lr 0.05
+# it made 49-50 of 50 right in 4 of 4 (bound 2.3-2.8), see the commit message.
+CONFIG = DpSgdConfig(model="tiny-llama", epsilon=0.5, delta=1e-5, steps=40, expected_batch_size=24,
+                     physical_batch_size=24, learning_rate=0.05, max_seq_len=16, device="cpu", accountant="rdp")
 SETTINGS = dict(canaries=100, canary_tokens=4)  # guesses: 25 "in" + 25 "out"
 
 
