@@ -58,6 +58,7 @@ def _group(name: str) -> str:
     return "serve" if name in SERVE_FILES else name
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's hook, which turns the markers into "@group" node ids
 def pytest_collection_modifyitems(config, items):
     """xdist groups: one per test file, one for every file that starts Ray Serve; slow groups first."""
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
