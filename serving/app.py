@@ -94,16 +94,23 @@ def deploy(config: ServeConfig, *, blocking: bool = False):
         serve.start(http_options={"host": config.http.host, "port": config.http.port})
     else:
         serve.start(proxy_location="Disabled")
+    route = config.http.route_prefix if config.http.enabled else None
     if config.app == "ray_llm":
         from serving.ray_llm import build_ray_llm_app
+        from serving.ray_llm_tools import build_ray_llm_tools_app, tools_app_name
 
-        app = build_ray_llm_app(config)  # its handle is Ray's OpenAI ingress, not ours
-    else:
-        app = build_generation_app(config)
-    route = config.http.route_prefix if config.http.enabled else None
-    return serve.run(app, name=config.app_name, route_prefix=route, blocking=blocking)
+        # Ray's OpenAI app takes the HTTP routes; Best-of-N and multi-PLM run over its engines in a
+        # second app whose handle (the same API as the dpsynth app's) is returned
+        serve.run(build_ray_llm_app(config), name=config.app_name, route_prefix=route)
+        return serve.run(build_ray_llm_tools_app(config), name=tools_app_name(config), route_prefix=None,
+                         blocking=blocking)
+    return serve.run(build_generation_app(config), name=config.app_name, route_prefix=route, blocking=blocking)
 
 
 def undeploy(config: ServeConfig) -> None:
     """Delete this app (other Serve apps on the cluster keep running)."""
+    if config.app == "ray_llm":
+        from serving.ray_llm_tools import tools_app_name
+
+        serve.delete(tools_app_name(config))
     serve.delete(config.app_name)

@@ -35,7 +35,7 @@ from serving.schemas import (
 )
 
 
-def _as_request(request, cls):
+def as_request(request, cls):
     """Handles may receive a model instance or a plain dict (e.g. from other languages / JSON)."""
     return request if isinstance(request, cls) else cls.model_validate(request)
 
@@ -85,7 +85,7 @@ class Generator:
 
     async def generate_detailed(self, request: GenerationRequest) -> GenerationResult:
         """Like :meth:`generate`, with token counts and finish reasons (for the OpenAI routes)."""
-        request = _as_request(request, GenerationRequest)
+        request = as_request(request, GenerationRequest)
         check_limits(self.limits, prompts=request.prompts, max_new_tokens=request.max_new_tokens, n=request.n)
         cancelled = threading.Event()
         self._pending_rows += len(request.prompts) * request.n
@@ -173,7 +173,7 @@ class BestOfN:
 
     async def best_of_n(self, request: BestOfNRequest) -> list[BestOfNResult]:
         """One :class:`BestOfNResult` per prompt: best candidate, its index and score, all scores."""
-        request = _as_request(request, BestOfNRequest)
+        request = as_request(request, BestOfNRequest)
         check_limits(self.limits, prompts=request.prompts, max_new_tokens=request.max_new_tokens, n=request.n)
         if request.metadata is not None and len(request.metadata) != len(request.prompts):
             raise RequestLimitError(
@@ -228,7 +228,7 @@ class MultiPLMRouter:
 
     async def generate(self, request: GenerationRequest, plms: list[str] | None = None) -> dict[str, list[list[str]]]:
         """``{plm_name: n completions per prompt}`` for every requested PLM (default: all)."""
-        request = _as_request(request, GenerationRequest)
+        request = as_request(request, GenerationRequest)
         names = list(plms) if plms else list(self.generators)
         unknown = [p for p in names if p not in self.generators]
         if unknown:

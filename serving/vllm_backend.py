@@ -23,9 +23,11 @@ def _on_cuda() -> bool:
 def engine_settings(*, dtype: str, kv_cache_gib: float, on_gpu: bool) -> tuple[dict, dict]:
     """(vLLM engine keywords, environment of the engine process): the CPU settings the offline engine
     uses (dpsynth_core.engines). Shared by this backend and the ``ray_llm`` app (serving.ray_llm)."""
+    from dpsynth_core.engines.vllm_cpu import cpu_dtype, cpu_engine_env
+
     kwargs: dict = {
-        # float32 is the HF default here; vLLM's kernels want half precision (bf16 on CPU and GPU).
-        "dtype": "bfloat16" if dtype in ("float32", "auto") else dtype,
+        # auto: bf16 on a GPU; on CPU bf16 only where the CPU has it natively (else float32, 4x faster here)
+        "dtype": ("bfloat16" if dtype == "auto" else dtype) if on_gpu else cpu_dtype(dtype),
         "max_model_len": 2048,
         # Split prefills rewind seeded generators (set_offset), which CPU generators lack.
         "enable_chunked_prefill": False,
@@ -33,7 +35,7 @@ def engine_settings(*, dtype: str, kv_cache_gib: float, on_gpu: bool) -> tuple[d
     env: dict = {}
     if not on_gpu:
         kwargs["enforce_eager"] = True
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(kv_cache_gib)))
+        env.update(cpu_engine_env(kv_cache_gib))
     return kwargs, env
 
 

@@ -1,6 +1,7 @@
 """Ray's own LLM layers: the ``ray_llm`` Serve app (ray.serve.llm) and the ``ray_data_llm`` batch
 runner (ray.data.llm). Everywhere: the configs they are built from. With vllm installed (make
-test-vllm): the app answers OpenAI completions over HTTP and the runner writes every row."""
+test-vllm): the app answers OpenAI completions over HTTP, Best-of-N and multi-PLM run over its
+engines, and the runner writes every row."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import urllib.request
 import pandas as pd
 import pytest
 
+from dpsynth_core.engines.vllm_cpu import cpu_dtype
 from dpsynth_core.errors import ConfigError
 from ray_jobs.batch_generate import BatchGenerateConfig
 from serving.config import ModelDeploymentConfig, ServeConfig
@@ -24,12 +26,13 @@ def test_llm_config_carries_our_vllm_settings_and_cpu_placement() -> None:
     engine = kwargs["engine_kwargs"]
     # seeded CPU sampling dies on split prefills; vLLM must never log prompts (they may be private)
     assert engine["enable_chunked_prefill"] is False and engine["enable_log_requests"] is False
-    assert engine["enforce_eager"] is True and engine["dtype"] == "bfloat16" and engine["max_num_seqs"] == 8
+    assert engine["enforce_eager"] is True and engine["dtype"] == cpu_dtype("auto") and engine["max_num_seqs"] == 8
     assert engine["max_model_len"] == 3000 and "model" not in engine  # Ray owns model / tokenizer
     assert kwargs["runtime_env"]["env_vars"]["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert kwargs["accelerator_config"] == {"kind": "cpu"}
     assert kwargs["placement_group_config"] == {"bundles": [{"CPU": 1.5}]}
     assert kwargs["deployment_config"]["num_replicas"] == 2
+    assert kwargs["deployment_config"]["ray_actor_options"] == {"num_cpus": 0}  # the bundle is the whole replica
     assert kwargs["model_loading_config"] == {"model_id": "smol", "model_source": "/models/smol"}
 
 
@@ -81,7 +84,7 @@ def _post(url: str, payload: dict) -> dict:
 def test_ray_llm_app_serves_openai_completions(ray_with_vllm) -> None:
     from ray import serve
 
-    from serving.app import deploy, http_url
+    from serving.app import deploy, http_url, undeploy
 
     config = ServeConfig(app="ray_llm", app_name="ray-llm-test", http={"port": _free_port()},
                          models=[{"name": "smol", "model": "smollm2-135m-instruct", "kv_cache_gib": 1, "num_cpus": 0.5}])
@@ -95,7 +98,46 @@ def test_ray_llm_app_serves_openai_completions(ray_with_vllm) -> None:
                                                      "messages": [{"role": "user", "content": "Name a cell organelle."}]})
         assert 0 < chat["usage"]["completion_tokens"] <= 8 and chat["choices"][0]["message"]["role"] == "assistant"
     finally:
-        serve.delete(config.app_name)
+        undeploy(config)
+    assert not {"ray-llm-test", "ray-llm-test-tools"} & set(serve.status().applications)
+
+
+def test_best_of_n_and_multi_plm_run_over_ray_llm_engines(ray_with_vllm) -> None:
+    """Best-of-N and multi-PLM deployments on top of Ray's app: candidates come from Ray's LLMServer
+    replicas (two models), the handle API is the dpsynth app's, and undeploy removes both apps."""
+    from ray import serve
+
+    from serving.app import deploy, undeploy
+    from serving.schemas import BestOfNRequest, GenerationRequest
+
+    config = ServeConfig(app="ray_llm", app_name="ray-llm-tools-test", http={"port": _free_port()},
+                         best_of_n={"scorer": "serving.scorers:length_score"},
+                         models=[{"name": "smol", "model": "smollm2-135m-instruct", "kv_cache_gib": 1, "num_cpus": 0.5},
+                                 {"name": "gemma", "model": "gemma3-270m", "kv_cache_gib": 1, "num_cpus": 0.5}])
+    handle = deploy(config)
+    try:
+        apps = serve.status().applications
+        assert {"ray-llm-tools-test", "ray-llm-tools-test-tools"} <= set(apps)
+        results = handle.best_of_n.remote(BestOfNRequest(prompts=["Cells divide", "Proteins fold"], n=3,
+                                                          max_new_tokens=12, seed=5)).result()
+        assert len(results) == 2
+        for r in results:
+            assert len(r.candidates) == 3 and len(r.scores) == 3
+            assert r.best == r.candidates[r.best_index] and r.best_score == max(r.scores)
+        multi = handle.generate_multi.remote(GenerationRequest(prompts=["Name a cell organelle."], n=2,
+                                                               max_new_tokens=8)).result()
+        assert set(multi) == {"smol", "gemma"}
+        assert all(len(rows) == 1 and len(rows[0]) == 2 and all(isinstance(t, str) for t in rows[0])
+                   for rows in multi.values())
+        # the same seed gives the same candidates (row seeds go to vLLM per request)
+        again = handle.generate.remote(GenerationRequest(prompts=["Cells divide"], n=2, max_new_tokens=8, seed=9),
+                                       "smol").result()
+        assert again == handle.generate.remote(GenerationRequest(prompts=["Cells divide"], n=2, max_new_tokens=8,
+                                                                 seed=9), "smol").result()
+        assert handle.stats.remote("smol").result()["tokens_generated"] > 0
+    finally:
+        undeploy(config)
+    assert not {"ray-llm-tools-test", "ray-llm-tools-test-tools"} & set(serve.status().applications)
 
 
 def test_ray_data_llm_runner_writes_every_row(ray_with_vllm, tmp_path) -> None:

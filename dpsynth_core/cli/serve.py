@@ -106,7 +106,7 @@ def start(
     import ray
     from ray import serve
 
-    from serving.app import deploy
+    from serving.app import deploy, undeploy
 
     from ray_jobs.cluster import ensure_ray
 
@@ -131,7 +131,7 @@ def start(
             time.sleep(0.5)
     finally:
         typer.echo("stopping")
-        serve.delete(cfg.app_name)
+        undeploy(cfg)
         if address is None:
             serve.shutdown()
         ray.shutdown()
@@ -172,7 +172,10 @@ def stop(timeout_s: float = typer.Option(60.0, "--timeout")) -> None:
         from ray_jobs.cluster import ensure_ray
 
         ensure_ray(state["address"])
-        serve.delete(state["app_name"])
+        running = serve.status().applications
+        for name in (f"{state['app_name']}-tools", state["app_name"]):  # -tools: app ray_llm's Best-of-N app
+            if name in running:
+                serve.delete(name)
         ray.shutdown()
     elif _alive(state.get("pid")):
         os.kill(state["pid"], signal.SIGTERM)  # the blocking `start` cleans up Serve and Ray on SIGTERM

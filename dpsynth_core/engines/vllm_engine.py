@@ -16,6 +16,7 @@ from pathlib import Path
 from dpsynth_core.engines.adapters import adapter_kind, lora_rank, merge_adapter
 from dpsynth_core.engines.base import GenerationBatch, TextEngine, cut_at_stop
 from dpsynth_core.engines.config import EngineConfig, SamplingParams
+from dpsynth_core.engines.vllm_cpu import cpu_dtype, cpu_engine_env
 from dpsynth_core.privacy.randomness import secret_seed
 
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
@@ -69,11 +70,11 @@ class VLLMEngine(TextEngine):
                 rank = lora_rank(config.adapter_dir)
                 kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=min(r for r in LORA_RANKS if r >= rank))
                 self.lora = LoRARequest("dp-adapter", 1, str(Path(config.adapter_dir).resolve()))
-        # Read by vLLM's CPU platform when the engine config is built (a whole number of GiB).
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(config.kv_cache_gib)))
+        # Read by vLLM's CPU platform when the engine config is built (KV cache, cores: vllm_cpu).
+        os.environ.update(cpu_engine_env(config.kv_cache_gib))
         self.llm = LLM(
             model=str(model_dir), tokenizer=str(model_dir),
-            dtype="bfloat16" if config.dtype == "auto" else config.dtype,
+            dtype=cpu_dtype(config.dtype),  # auto: bf16 only where the CPU has it natively
             enforce_eager=True, max_model_len=config.max_model_len, max_num_seqs=config.max_num_seqs,
             # A prompt split across steps (chunked prefill) has its sampled token discarded, and vLLM then
             # rewinds the request's seeded generator with set_offset, which CPU generators lack ("CPU
