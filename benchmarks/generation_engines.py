@@ -9,7 +9,7 @@ at once, each asking for ``--new-tokens`` sampled tokens (temperature 1). Report
 (tokens counted by re-encoding the returned texts with the model's tokenizer, the same way for both
 backends), p50/p99 latency per prompt (time from submission of the batch until that prompt's
 completion: HF finishes a whole batch at a time, vLLM each sequence as it ends). HF runs in the
-project's float32, vLLM in bfloat16 with ``enforce_eager``.
+project's float32, vLLM in dtype auto (dpsynth_core.engines.vllm_cpu: float32 on an AVX2 host) with ``enforce_eager``.
 
 ``--two-plms``: loads both models in vLLM in one process (as WASP / Aug-PE with two PLMs would),
 each with ``--kv-cache-gib`` of KV cache, runs ``--prompts`` prompts through each, and reports the
