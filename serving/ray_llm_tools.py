@@ -11,7 +11,6 @@ both apps, and the candidates of Best-of-N are decoded by Ray's engines with the
 from __future__ import annotations
 
 import asyncio
-import threading
 
 from ray import serve
 
@@ -56,7 +55,7 @@ class RayLLMGenerator:
     async def generate_detailed(self, request: GenerationRequest) -> GenerationResult:
         request = as_request(request, GenerationRequest)
         check_limits(self.limits, prompts=request.prompts, max_new_tokens=request.max_new_tokens, n=request.n)
-        outputs = await asyncio.gather(*(self._one(job) for job in expand_jobs(request, threading.Event())))
+        outputs = await asyncio.gather(*(self._one(job) for job in expand_jobs(request)))
         n = request.n
         return GenerationResult([list(outputs[i * n:(i + 1) * n]) for i in range(len(request.prompts))])
 
