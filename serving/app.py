@@ -102,7 +102,7 @@ def deploy(config: ServeConfig, *, blocking: bool = False):
         # Ray's OpenAI app takes the HTTP routes; Best-of-N and multi-PLM run over its engines in a
         # second app whose handle (the same API as the dpsynth app's) is returned
         serve.run(build_ray_llm_app(config), name=config.app_name, route_prefix=route)
-        return serve.run(build_ray_llm_tools_app(config), name=tools_app_name(config), route_prefix=None,
+        return serve.run(build_ray_llm_tools_app(config), name=tools_app_name(config.app_name), route_prefix=None,
                          blocking=blocking)
     return serve.run(build_generation_app(config), name=config.app_name, route_prefix=route, blocking=blocking)
 
@@ -112,5 +112,5 @@ def undeploy(config: ServeConfig) -> None:
     if config.app == "ray_llm":
         from serving.ray_llm_tools import tools_app_name
 
-        serve.delete(tools_app_name(config))
+        serve.delete(tools_app_name(config.app_name))
     serve.delete(config.app_name)

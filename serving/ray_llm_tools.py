@@ -27,8 +27,9 @@ from serving.schemas import (
 )
 
 
-def tools_app_name(config: ServeConfig) -> str:
-    return f"{config.app_name}-tools"
+def tools_app_name(app_name: str) -> str:
+    """The Best-of-N / multi-PLM app that goes with Ray's LLM app ``app_name``."""
+    return f"{app_name}-tools"
 
 
 def llm_server_name(model_id: str) -> str:

@@ -172,8 +172,10 @@ def stop(timeout_s: float = typer.Option(60.0, "--timeout")) -> None:
         from ray_jobs.cluster import ensure_ray
 
         ensure_ray(state["address"])
+        from serving.ray_llm_tools import tools_app_name
+
         running = serve.status().applications
-        for name in (f"{state['app_name']}-tools", state["app_name"]):  # -tools: app ray_llm's Best-of-N app
+        for name in (tools_app_name(state["app_name"]), state["app_name"]):  # the first exists for app ray_llm
             if name in running:
                 serve.delete(name)
         ray.shutdown()
