@@ -48,6 +48,12 @@ SCALES = {
     "small": dict(model="smollm2-135m-instruct", n_records=300, n_eval=100, n_public=100, n_synthetic=12, steps=4,
                   batch=8, seq=128, new_tokens=32, best_of=2, rl_steps=1, max_chars=500, lr=0.003,
                   lora={"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}, feature_lm_seq=96),
+    # SmolLM2 with generation on vLLM (run with .venv-vllm/bin/python): 150 feature rows split 15 anchors /
+    # 15 RL prompts / 120 evaluation texts per system, against 100 held-out real texts.
+    "vllm": dict(model="smollm2-135m-instruct", n_records=300, n_eval=100, n_public=100, n_synthetic=150,
+                 anchor_share=0.1, rl_share=0.1, steps=8, batch=8, seq=128, new_tokens=48, best_of=4, rl_steps=2,
+                 max_chars=500, lr=0.003, engine="vllm",
+                 lora={"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}, feature_lm_seq=96),
 }
 
 ROWS = ["vanilla DP-FT", "ACTG", "ACTG-ARL", "RL without anchor", "AIM -> DP-FT features", "direct prompting",
@@ -66,10 +72,11 @@ def actg_config(scale: dict, seed: int, run_dir: Path, mode: str = "actg", **upd
                  "max_chars": scale["max_chars"], "seed": 0},
         "privacy": {"epsilon": 4.0, "features_share": 0.5},
         "extractor": {"kind": "columns"}, "reward": {"kind": "supervised"},
-        "features": {"n_synthetic": scale["n_synthetic"]},
+        "features": {"n_synthetic": scale["n_synthetic"], "anchor_share": scale.get("anchor_share", 1 / 3),
+                     "rl_share": scale.get("rl_share", 1 / 3)},
         "generator": generator,
         "generation": {"max_new_tokens": scale["new_tokens"], "temperature": 0.9, "top_p": 0.95, "batch_size": 12,
-                       "seed": seed},
+                       "seed": seed, "engine": scale.get("engine", "auto")},
         "best_of_n": {"n": scale["best_of"]},
         "rl": {"steps": scale["rl_steps"], "prompts_per_step": 4, "group_size": 2, "anchor_batch_size": 4,
                "max_new_tokens": scale["new_tokens"], "learning_rate": 0.0002, "beta": 0.2, "seed": seed},
@@ -108,7 +115,8 @@ def _rerun_copy(source: Path, dest: Path, raw: dict, stages: tuple[str, ...]) ->
     return _run(raw)
 
 
-def run_seed(scale: dict, seed: int, out: Path) -> dict:
+def run_seed(scale: dict, seed: int, out: Path, wanted: list[str]) -> dict:
+    """The rows in ``wanted`` for one seed (ACTG and ACTG-ARL come from one run; the re-runs need it)."""
     rows, seconds = {}, {}
     t0 = time.perf_counter()
     actg_dir = out / f"actg_s{seed}"
@@ -117,38 +125,41 @@ def run_seed(scale: dict, seed: int, out: Path) -> dict:
     rows["_features_djs_1way"] = {"aim": m["features"]["djs_1way_mean"]}
     rows["_reward_agreement"] = m.get("reward_agreement_on_heldout_real")
     seconds["actg"] = time.perf_counter() - t0
-    # RL without anchor: the post-processing stages again on a copy of the same DP artifacts
-    t0 = time.perf_counter()
-    raw = actg_config(scale, seed, out / f"actg_s{seed}_noanchor")
-    raw["rl"].update(gamma0=0.0, gamma1=0.0)
-    m = _rerun_copy(actg_dir, out / f"actg_s{seed}_noanchor", raw, ("anchored_rl", "synthesize", "evaluate"))
-    rows["RL without anchor"] = _row(m["systems"]["actg_arl"])
-    seconds["rl_without_anchor"] = time.perf_counter() - t0
-    # direct prompting: the base model prompted with the same DP feature rows (synthesize + evaluate only)
-    t0 = time.perf_counter()
-    raw = actg_config(scale, seed, out / f"actg_s{seed}_direct", generator_mode="direct_prompt")
-    m = _rerun_copy(actg_dir, out / f"actg_s{seed}_direct", raw, ("synthesize", "evaluate"))
-    rows["direct prompting"] = _row(m["systems"]["direct_prompt"])
-    seconds["direct_prompting"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    m = _run(actg_config(scale, seed, out / f"vanilla_s{seed}", mode="vanilla"))
-    rows["vanilla DP-FT"] = _row(m["systems"]["vanilla"])
-    seconds["vanilla"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    raw = actg_config(scale, seed, out / f"actg_dpft_features_s{seed}")
-    raw["features"].update(generator="dp_ft", lm={"max_seq_len": scale.get("feature_lm_seq", scale["seq"])})
-    m = _run(raw)
-    rows["AIM -> DP-FT features"] = _row(m["systems"]["actg_arl"])
-    rows["_features_djs_1way"]["dp_ft"] = m["features"]["djs_1way_mean"]
-    seconds["dp_ft_features"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    raw = actg_config(scale, seed, out / f"actg_inf_s{seed}", not_private=True)
-    raw["privacy"]["epsilon"] = float("inf")
-    m = _run(raw)
-    assert m["not_private"], "an epsilon = inf run must be marked not private"
-    rows["eps = inf (not private)"] = _row(m["systems"]["actg_arl"])
-    rows["_features_djs_1way"]["eps_inf"] = m["features"]["djs_1way_mean"]
-    seconds["eps_inf"] = time.perf_counter() - t0
+    if "RL without anchor" in wanted:  # the post-processing stages again on a copy of the same DP artifacts
+        t0 = time.perf_counter()
+        raw = actg_config(scale, seed, out / f"actg_s{seed}_noanchor")
+        raw["rl"].update(gamma0=0.0, gamma1=0.0)
+        m = _rerun_copy(actg_dir, out / f"actg_s{seed}_noanchor", raw, ("anchored_rl", "synthesize", "evaluate"))
+        rows["RL without anchor"] = _row(m["systems"]["actg_arl"])
+        seconds["rl_without_anchor"] = time.perf_counter() - t0
+    if "direct prompting" in wanted:  # the base model prompted with the same DP feature rows
+        t0 = time.perf_counter()
+        raw = actg_config(scale, seed, out / f"actg_s{seed}_direct", generator_mode="direct_prompt")
+        m = _rerun_copy(actg_dir, out / f"actg_s{seed}_direct", raw, ("synthesize", "evaluate"))
+        rows["direct prompting"] = _row(m["systems"]["direct_prompt"])
+        seconds["direct_prompting"] = time.perf_counter() - t0
+    if "vanilla DP-FT" in wanted:
+        t0 = time.perf_counter()
+        m = _run(actg_config(scale, seed, out / f"vanilla_s{seed}", mode="vanilla"))
+        rows["vanilla DP-FT"] = _row(m["systems"]["vanilla"])
+        seconds["vanilla"] = time.perf_counter() - t0
+    if "AIM -> DP-FT features" in wanted:
+        t0 = time.perf_counter()
+        raw = actg_config(scale, seed, out / f"actg_dpft_features_s{seed}")
+        raw["features"].update(generator="dp_ft", lm={"max_seq_len": scale.get("feature_lm_seq", scale["seq"])})
+        m = _run(raw)
+        rows["AIM -> DP-FT features"] = _row(m["systems"]["actg_arl"])
+        rows["_features_djs_1way"]["dp_ft"] = m["features"]["djs_1way_mean"]
+        seconds["dp_ft_features"] = time.perf_counter() - t0
+    if "eps = inf (not private)" in wanted:
+        t0 = time.perf_counter()
+        raw = actg_config(scale, seed, out / f"actg_inf_s{seed}", not_private=True)
+        raw["privacy"]["epsilon"] = float("inf")
+        m = _run(raw)
+        assert m["not_private"], "an epsilon = inf run must be marked not private"
+        rows["eps = inf (not private)"] = _row(m["systems"]["actg_arl"])
+        rows["_features_djs_1way"]["eps_inf"] = m["features"]["djs_1way_mean"]
+        seconds["eps_inf"] = time.perf_counter() - t0
     rows["_seconds"] = {k: round(v, 1) for k, v in seconds.items()}
     return rows
 
@@ -165,7 +176,9 @@ def table(per_seed: list[dict]) -> str:
             ("d_JS^f 1-way", "djs_f"), ("d_JS^f 2-way", "djs_f_2way"), ("downstream macro-F1", "f1")]
     lines = ["| method | " + " | ".join(c for c, _ in cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for row in ROWS:
-        lines.append(f"| {row} | " + " | ".join(_fmt([s[row][k] for s in per_seed]) for _, k in cols) + " |")
+        if any(row in s for s in per_seed):
+            lines.append(f"| {row} | " + " | ".join(_fmt([s[row][k] for s in per_seed if row in s]) for _, k in cols)
+                         + " |")
     return "\n".join(lines)
 
 
@@ -181,7 +194,7 @@ def plot(per_seed: list[dict], out: Path) -> None:
     for ax, (k, title) in zip(axes, keys):
         means, sds = [], []
         for row in ROWS:
-            vals = [s[row][k] for s in per_seed if s[row][k] is not None]
+            vals = [s[row][k] for s in per_seed if row in s and s[row][k] is not None]
             means.append(np.mean(vals) if vals else np.nan)
             sds.append(np.std(vals) if vals else 0.0)
         ax.bar(range(len(ROWS)), means, yerr=sds, capsize=3, color="tab:blue")
@@ -198,13 +211,14 @@ def main() -> None:
     ap.add_argument("--scale", choices=sorted(SCALES), default="small")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--out", type=Path, default=Path("/work/figures/actg"))
+    ap.add_argument("--rows", nargs="+", choices=ROWS, default=ROWS, help="rows to run (default: all)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     scale = SCALES[args.scale]
     per_seed = []
     for seed in args.seeds:
         t0 = time.perf_counter()
-        per_seed.append(run_seed(scale, seed, args.out))
+        per_seed.append(run_seed(scale, seed, args.out, args.rows))
         print(f"seed {seed}: {time.perf_counter() - t0:.0f} s", flush=True)
         (args.out / "results.json").write_text(json.dumps({"scale": args.scale, "settings": scale,
                                                            "per_seed": per_seed}, indent=2))

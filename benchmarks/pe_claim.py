@@ -35,12 +35,14 @@ DP_VARIANTS = {
     "wasp_no_contrastive": {"contrastive": False},
     "wasp_no_weighting": {"plm_weighting": "uniform"},
     "wasp_q1": {"q": 1},
+    # the reference code's T: N split equally over the zero-shot round and 4 voted rounds (1,200 each of 6,000)
+    "wasp_t4": {"iterations": 4},
     "wasp_eps_inf": {"epsilon": float("inf"), "not_private": True},  # reference only (ledger: not private)
 }
 # Phase 1 (the claim) runs for every seed before phase 2 (the ablations), so a cut-short grid still has
 # the main comparison over all seeds.
 PHASES = [["zero_shot", "private_only", "wasp", "augpe"], ["wasp_no_contrastive", "wasp_no_weighting", "wasp_q1"],
-          ["wasp_eps_inf"]]
+          ["wasp_t4"], ["wasp_eps_inf"]]
 DEFAULT_METHODS = [m for phase in PHASES[:2] for m in phase]
 
 
@@ -206,10 +208,11 @@ def table(rows: list[dict], methods: list[str]) -> str:
         sd = float(np.std(accs, ddof=1)) if len(accs) > 1 else float("nan")
         lines.append(f"{m:<22} {len(accs):>2}  {np.mean(accs):.3f} +- {sd:.3f}        "
                      + " ".join(f"{a:.3f}" for a in accs))
-    weights = [r["plm_weights"][-1] for r in rows if r["method"] == "wasp" and r.get("plm_weights")]
-    if weights:
-        lines.append("WASP final PLM weights per seed: " + "; ".join(
-            "[" + ", ".join(f"{w:.2f}" for w in ws) + "]" for ws in weights))
+    for m in ("wasp", "wasp_t4"):
+        weights = [r["plm_weights"][-1] for r in rows if r["method"] == m and r.get("plm_weights")]
+        if weights and m in methods:
+            lines.append(f"{m} final PLM weights per seed: " + "; ".join(
+                "[" + ", ".join(f"{w:.2f}" for w in ws) + "]" for ws in weights))
     per_plm = [r["per_plm_accuracy"] for r in rows if r["method"] == "zero_shot" and r.get("per_plm_accuracy")]
     if per_plm:
         names = list(per_plm[0])

@@ -94,7 +94,7 @@ def train_public_stage(base_model: str, ser, settings, lora, out_dir: Path, *, m
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     merged = model.merge_and_unload().to(device="cpu", dtype=torch.float32)  # saved as the CPU fp32 loader expects
     merged.config.use_cache = True
     summary = {"steps": settings.steps, "rows": settings.rows, "loss_first": losses[0], "loss_last": losses[-1]}
