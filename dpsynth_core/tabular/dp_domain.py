@@ -137,3 +137,34 @@ def dp_group_label_tables(
                            for i, a in enumerate(a_col.categories)}
     ledger.record(stage, event, details={"sensitive": list(sensitive), "target": schema.target, "sigma": sigma})
     return out
+
+
+def dp_marginals(df: pd.DataFrame, schema: TableSchema, *, epsilon: float, ledger, bins: int = 8,
+                 stage: str = "dp_marginals") -> dict[str, dict]:
+    """DP 1-way marginals of every column: ``{column: {"kind", "values" | "edges", "counts"}}``.
+
+    One Gaussian histogram per column over public cells (a categorical column's categories, a numeric
+    column's ``bins`` equal-width bins between its public or DP-released bounds): a record adds 1 to one
+    cell of each, so L2 sensitivity 1 per histogram and K columns = K compositions of one event.
+    Negative noisy counts are clamped to 0 (post-processing); noise from OS entropy.
+    """
+    P = _privacy()
+    sigma = P.calibrate_gaussian_noise(epsilon, ledger.delta, compositions=len(schema.columns))
+    event = P.GaussianEvent(noise_multiplier=sigma, compositions=len(schema.columns))
+    ledger.check(stage, event)
+    rng = P.randomness.secure_rng()  # secret noise: never from a config seed
+    out: dict[str, dict] = {}
+    for col in schema.columns:
+        values = df[col.name]
+        if col.is_categorical:
+            cells = list(col.categories)
+            counts = values.astype(str).value_counts().reindex(cells, fill_value=0).to_numpy(float)
+            entry = {"kind": "categorical", "values": cells}
+        else:
+            edges = np.linspace(float(col.min), float(col.max), bins + 1)
+            counts = np.histogram(np.clip(values.to_numpy(float), edges[0], edges[-1]), bins=edges)[0].astype(float)
+            entry = {"kind": "numeric", "edges": edges.tolist()}
+        entry["counts"] = np.maximum(counts + rng.normal(0.0, sigma, size=counts.shape), 0.0).tolist()
+        out[col.name] = entry
+    ledger.record(stage, event, details={"columns": schema.names, "bins": bins, "sigma": sigma})
+    return out

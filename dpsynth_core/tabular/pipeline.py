@@ -11,7 +11,10 @@ Stages (each leaves ``stages/<name>.done``; a rerun skips finished stages)::
                 schema's `domain: dp` columns under DP (Gaussian histogram)   -> schema_resolved.json
     fair_stats  one DP (A, Y) table per sensitive attribute -> fairness targets (only with a fairness
                 term)                                                          -> fair_targets.json
-    train       stage 1 (optional, no private data): LoRA on public schema rows, merged -> public_stage.json;
+    marginals   DP 1-way marginals of every column (only with public_stage.rows_from: dp_marginals)
+                                                                               -> dp_marginals.json
+    train       stage 1 (optional, no private rows): LoRA on rows drawn from the public schema or the
+                DP marginals, merged                                           -> public_stage.json;
                 stage 2: DP-SGD LoRA fine-tuning with the fairness penalty (its equalized-odds
                 constants renewed from rows the model generates)              -> train/ (adapter)
     generate    constrained, fairness-aware generation (post-processing)      -> synthetic.csv
@@ -43,7 +46,8 @@ from dpsynth_core.tabular import private_data
 from dpsynth_core.tabular.config import DpFairConfig, TableRunConfig
 from dpsynth_core.tabular.schema import TableSchema, load_schema
 
-STAGES = ["prepare", "fair_stats", "train", "generate", "evaluate", "reference", "release"]
+STAGES = ["prepare", "fair_stats", "marginals", "train", "generate", "evaluate", "reference", "release"]
+MARGINALS_FILE = "dp_marginals.json"
 EXECUTION_ONLY = ("use_ray", "resources")  # config keys that change how a run executes, not its outputs
 
 Runner = Callable[..., dict]
@@ -138,6 +142,19 @@ def stage_fair_stats(cfg: DpFairConfig, root: str) -> dict:
     return {"sensitive": attributes}
 
 
+def stage_marginals(cfg: DpFairConfig, root: str) -> dict:
+    """DP 1-way marginals of every column for stage 1's rows (``public_stage.rows_from: dp_marginals``)."""
+    from dpsynth_core.tabular.dp_domain import dp_marginals
+
+    run = Path(root)
+    schema = resolved_schema(run)
+    private = private_data.load_private(cfg, run, schema)
+    marginals = dp_marginals(private, schema, epsilon=cfg.epsilon * cfg.budget.marginals, ledger=_ledger(run),
+                             bins=cfg.training.public_stage.marginal_bins)
+    atomic_write_text(run / MARGINALS_FILE, json.dumps(marginals, indent=1))
+    return {"columns": list(marginals)}
+
+
 def stage_model(cfg: DpFairConfig, root: str) -> dict:
     """``train`` then ``generate`` in one process (the model is loaded once): the Ray task.
 
@@ -179,11 +196,16 @@ def _public_stage(cfg: DpFairConfig, run: Path, schema: TableSchema) -> tuple[st
     if not t.public_stage.steps:
         return t.model, None
     ser = RowSerializer(schema, separator=s.separator, prefix=s.prefix, random_order=s.random_order, seed=t.seed)  # type: ignore[arg-type]
-    settings = {**t.public_stage.model_dump(mode="json"), "lora": t.lora.model_dump(mode="json"), "max_seq_len": t.max_seq_len}
+    marginals = None
+    if t.public_stage.rows_from == "dp_marginals":  # this run's DP release: the cache key is per run
+        marginals = json.loads((run / MARGINALS_FILE).read_text())
+    settings = {**t.public_stage.model_dump(mode="json"), "lora": t.lora.model_dump(mode="json"), "max_seq_len": t.max_seq_len,
+                **({"marginals": marginals} if marginals else {})}
     key = stage_key(t.model, schema, settings, {**s.model_dump(mode="json"), "seed": t.seed})
     out = run.parent / ".public_stage" / key
     summary = train_public_stage(t.model, ser, t.public_stage, t.lora, out, max_seq_len=t.max_seq_len,
-                                 placement=resolve_placement(t.device, t.dtype, section="training."))
+                                 placement=resolve_placement(t.device, t.dtype, section="training."), marginals=marginals)
+    settings.pop("marginals", None)  # in the run directory already (dp_marginals.json)
     atomic_write_text(run / "public_stage.json", json.dumps({"base_model": t.model, "key": key, "settings": settings,
                                                              "serialization": s.model_dump(mode="json"), **summary}, indent=2))
     return str(out / "model"), {"key": key, **summary}
@@ -299,6 +321,9 @@ def _wanted(cfg: DpFairConfig, schema: TableSchema) -> list[str]:
     skip = set()
     if not cfg.fairness.enabled:
         skip.add("fair_stats")
+    stage1 = cfg.training.public_stage
+    if not (stage1.rows_from == "dp_marginals" and stage1.steps > 0):
+        skip.add("marginals")
     if not (cfg.evaluate_reference and schema.target is not None):
         skip.add("reference")
     return [s for s in STAGES if s not in skip]
@@ -321,7 +346,7 @@ def run_dpfair(cfg: DpFairConfig, *, resume: bool = True, runner: Runner = local
         return root
     if not (root / "ledger.sqlite").is_file():
         PrivacyLedger.create(root, cfg.name, cfg.epsilon, delta)
-    local = {"prepare": stage_prepare, "fair_stats": stage_fair_stats, "evaluate": stage_evaluate,
+    local = {"prepare": stage_prepare, "fair_stats": stage_fair_stats, "marginals": stage_marginals, "evaluate": stage_evaluate,
              "reference": stage_reference, "release": stage_release}
     for name in stages:
         if marks.done(name):

@@ -7,8 +7,13 @@ the label uniform), so the model learns the serialization, the value vocabulary 
 label prior before it sees any private row. Without this stage a 10-step DP-SGD run on SmolLM2
 emits one label for every row (the base model's prior for the label's first token wins).
 
-Privacy: stage 1 reads no private data (only the resolved schema, itself public or the output of
-an accounted DP mechanism), so it costs no budget and records nothing in the ledger. The LoRA
+With ``rows_from: dp_marginals`` each column is drawn from its DP 1-way marginal instead (released
+by the ``marginals`` stage under ``budget.marginals``): the model then starts DP-SGD with the
+table's marginals, which a short DP-SGD run does not reach from uniform rows.
+
+Privacy: stage 1 reads no private data (only the resolved schema and, optionally, the DP marginals,
+each public or the output of an accounted DP mechanism), so it costs no budget of its own and
+records nothing in the ledger. The LoRA
 adapter it trains is merged into the base model; stage 2 (DP-SGD) trains a fresh adapter on that
 merged model. The merged model is a deterministic function of public inputs and is cached by their
 hash, so runs with the same public settings share it.
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 from pathlib import Path
 
@@ -29,19 +35,29 @@ from dpsynth_core.tabular.schema import TableSchema
 MODEL_DIRNAME = "model"
 
 
-def public_rows(schema: TableSchema, n: int, seed: int) -> pd.DataFrame:
-    """``n`` rows drawn from the schema alone (no data): uniform categories and numbers."""
+def public_rows(schema: TableSchema, n: int, seed: int, marginals: dict | None = None) -> pd.DataFrame:
+    """``n`` rows drawn without private rows: each column independently, uniform over the schema, or
+    from its DP 1-way marginal (``dp_domain.dp_marginals``; a numeric column: a bin by its noisy count,
+    then uniform inside the bin). The draw is post-processing, so its seed is a config seed."""
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
         row = {}
         for col in schema.columns:
+            m = (marginals or {}).get(col.name)
+            weights = m["counts"] if m and sum(m["counts"]) > 0 else None  # all-zero noisy counts: uniform
             if col.is_categorical:
-                row[col.name] = rng.choice(list(col.categories))
-            elif col.type == "integer":
-                row[col.name] = rng.randint(int(col.min), int(col.max))
+                cells = m["values"] if weights else list(col.categories)
+                row[col.name] = rng.choices(cells, weights=weights)[0]
+                continue
+            lo, hi = float(col.min), float(col.max)
+            if weights:
+                k = rng.choices(range(len(weights)), weights=weights)[0]
+                lo, hi = m["edges"][k], m["edges"][k + 1]
+            if col.type == "integer":
+                row[col.name] = rng.randint(math.ceil(lo), max(math.ceil(lo), math.floor(hi)))
             else:
-                row[col.name] = round(rng.uniform(float(col.min), float(col.max)), col.precision)
+                row[col.name] = round(rng.uniform(lo, hi), col.precision)
         rows.append(row)
     return pd.DataFrame(rows, columns=schema.names)
 
@@ -54,7 +70,7 @@ def stage_key(base_model: str, schema: TableSchema, settings: dict, serializer: 
 
 
 def train_public_stage(base_model: str, ser, settings, lora, out_dir: Path, *, max_seq_len: int,
-                       placement=None) -> dict:
+                       placement=None, marginals: dict | None = None) -> dict:
     """Non-private LoRA fine-tuning on public schema rows, merged into the base -> ``out_dir/model``.
 
     ``settings``: :class:`dpsynth_core.tabular.config.PublicStageSettings`; ``lora``: LoraSettings.
@@ -79,7 +95,7 @@ def train_public_stage(base_model: str, ser, settings, lora, out_dir: Path, *, m
     model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                              target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM"))
     place_model(model, placement)  # LoRA weights in fp32 beside a bf16 base
-    frame = public_rows(ser.schema, settings.rows, settings.seed)
+    frame = public_rows(ser.schema, settings.rows, settings.seed, marginals)
     rows = tokenize_examples([TrainExample(p, t) for p, t in ser.examples(frame)], tok, max_seq_len)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=settings.learning_rate)
     order = random.Random(settings.seed)
