@@ -145,6 +145,11 @@ class PublicStageSettings(StrictConfig):
     learning_rate: float = Field(2e-3, gt=0)
     seed: int = 0  # which public rows and the stage-1 LoRA init (public, data-independent)
 
+    @property
+    def uses_dp_marginals(self) -> bool:
+        """Stage 1 runs and draws its rows from the DP marginals (the ``marginals`` stage is needed)."""
+        return self.rows_from == "dp_marginals" and self.steps > 0
+
 
 class TrainingSettings(StrictConfig):
     model: str = "smollm2-135m-instruct"
@@ -254,8 +259,7 @@ class DpFairConfig(TableRunConfig):
 
     @model_validator(mode="after")
     def _marginals_budget(self):
-        stage1 = self.training.public_stage
-        wants = stage1.rows_from == "dp_marginals" and stage1.steps > 0
+        wants = self.training.public_stage.uses_dp_marginals
         if wants and self.budget.marginals <= 0:
             raise ValueError("training.public_stage.rows_from 'dp_marginals' needs a share of epsilon: set "
                              "budget.marginals (e.g. 0.1)")

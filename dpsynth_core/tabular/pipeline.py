@@ -321,8 +321,7 @@ def _wanted(cfg: DpFairConfig, schema: TableSchema) -> list[str]:
     skip = set()
     if not cfg.fairness.enabled:
         skip.add("fair_stats")
-    stage1 = cfg.training.public_stage
-    if not (stage1.rows_from == "dp_marginals" and stage1.steps > 0):
+    if not cfg.training.public_stage.uses_dp_marginals:
         skip.add("marginals")
     if not (cfg.evaluate_reference and schema.target is not None):
         skip.add("reference")
