@@ -106,7 +106,8 @@ def _tiny_config(tmp_path: Path, **over) -> Path:
                      "public_stage": {"steps": 2, "rows": 32, "batch_size": 8, "rows_from": "dp_marginals"}},
         # two attributes; the equalized-odds term renews its constants from 4 generated rows at step 0
         "fairness": {"lambda_dp": {"sex": 1.0, "race": 0.5}, "lambda_eo": 0.5, "sensitive": ["sex", "race"], "eo_rows": 4},
-        "generation": {"num_rows": 16, "batch_size": 16,
+        # a pool of 32 rows raked to the DP marginals (and to demographic parity), 16 of them released
+        "generation": {"num_rows": 16, "batch_size": 16, "calibrate": {"enabled": True, "pool_factor": 2.0},
                        "fairness": {"enabled": True, "max_dp_gap": 0.2, "warmup_rows": 4, "tilt": True}},
         "evaluate_privacy": True, "use_ray": True,
     }
@@ -180,6 +181,11 @@ def test_pipeline_ledger_composes_within_epsilon(finished_run):
     assert cl["min"] is not None and 0 <= cl["min"] <= cl["max"] <= 10000
     gen = json.loads((run / "stages" / "generate.done").read_text())
     assert gen["valid_fraction"] == 1.0 and gen["invalid"] == 0
+    # calibration is post-processing of the marginals already charged: the pool is raked, 16 rows released
+    cal = gen["calibration"]
+    assert cal["pool_rows"] == gen["attempted"] - gen["rejected"] == 32 and cal["rows"] == gen["rows"] == 16
+    assert cal["tvd_to_dp_weighted"] <= cal["tvd_to_dp_pool"] + 1e-9
+    assert len(pd.read_csv(run / "synthetic.csv")) == 16
     ev_sum = json.loads((run / "stages" / "evaluate.done").read_text())
     for k in ("acc_lr", "f1_gb", "dp_diff_lr", "eo_diff_gb", "tvd_1way", "tvd_2way", "mia_auc",
               "dp_diff_lr_race", "eo_diff_gb_race", "aia_advantage_race"):
@@ -273,10 +279,14 @@ def test_rerun_finished_or_changed_config(finished_run, capsys):
         ({"epsilon": -1}, "epsilon"),
         ({"baseline": {"aim": True}}, "dpsynth run aim"),
         ({"delta": 0.01}, "field 'delta'"),  # not below 1/m for m = 160 expected private rows
-        ({"budget": {"marginals": 0.1}, "training": {"model": "tiny-llama"}}, "budget.marginals is only spent"),
+        ({"budget": {"marginals": 0.1}, "training": {"model": "tiny-llama"}, "generation": {"num_rows": 16}},
+         "budget.marginals is only spent"),
         ({"budget": {"domain": 0.05}, "training": {"model": "tiny-llama", "public_stage": {
             "steps": 2, "rows_from": "dp_marginals"}}}, "needs a share of epsilon"),
         ({"budget": {"domain": 0.5, "fair_stats": 0.3, "marginals": 0.2}}, "must leave a share"),
+        ({"generation": {"num_rows": 16, "calibrate": {"enabled": True}}, "training": {"model": "tiny-llama"},
+          "budget": {"domain": 0.05, "fair_stats": 0.05}},
+         "generation.calibrate uses the DP marginals"),
     ],
 )
 def test_bad_config_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys, override, message):

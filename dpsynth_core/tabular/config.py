@@ -68,6 +68,18 @@ class FairGenerationSettings(StrictConfig):
         return rates if attribute == attributes[0] else None  # type: ignore[return-value]
 
 
+class CalibrationSettings(StrictConfig):
+    """Generate ``pool_factor`` x ``num_rows`` rows, rake them to the run's DP 1-way marginals (the
+    ``marginals`` stage, ``budget.marginals``) and release ``num_rows`` of them (``tabular.calibrate``;
+    post-processing). With ``fairness`` and fairness-aware generation on, the (A, Y) cells of each
+    enforced attribute are raked to demographic parity too (``target_rates`` when given)."""
+
+    enabled: bool = False
+    pool_factor: float = Field(3.0, ge=1, le=20)
+    max_weight: float = Field(20.0, gt=1, le=1000)  # raking weights are capped at this multiple of the mean
+    fairness: bool = True
+
+
 class GenerationSettings(StrictConfig):
     num_rows: Annotated[int, OUTPUT_ROWS_CAP] = Field(1000, ge=1)
     batch_size: Annotated[int, BATCH_CAP] = Field(64, ge=1)
@@ -76,6 +88,7 @@ class GenerationSettings(StrictConfig):
     max_attempts_factor: Annotated[float, cap(100, 'generation attempts per wanted row')] = Field(4.0, ge=1)
     seed: int = 0
     fairness: FairGenerationSettings = Field(default_factory=FairGenerationSettings)
+    calibrate: CalibrationSettings = Field(default_factory=CalibrationSettings)
     # where the generator runs (dpsynth_core.devices): auto is the GPU when the stage sees one
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # spelled as the generation engines spell it
@@ -118,7 +131,8 @@ class DataSettings(StrictConfig):
 class BudgetSplit(StrictConfig):
     domain: float = Field(0.05, ge=0, lt=1)  # fraction of epsilon for `domain: dp` columns (if any)
     fair_stats: float = Field(0.05, ge=0, lt=1)  # fraction for the (A, Y) table (if fairness is on)
-    # fraction for DP 1-way marginals of every column (only with public_stage.rows_from: dp_marginals)
+    # fraction for DP 1-way marginals of every column (for public_stage.rows_from: dp_marginals and/or
+    # generation.calibrate)
     marginals: float = Field(0.0, ge=0, lt=1)
 
 
@@ -257,15 +271,22 @@ class DpFairConfig(TableRunConfig):
                              "run the AIM baseline as its own run, `dpsynth run aim --config configs/aim_*.yaml`")
         return raw
 
+    @property
+    def needs_dp_marginals(self) -> bool:
+        """Stage 1 draws its rows from the DP marginals, or generation is calibrated to them."""
+        return self.training.public_stage.uses_dp_marginals or self.generation.calibrate.enabled
+
     @model_validator(mode="after")
     def _marginals_budget(self):
-        wants = self.training.public_stage.uses_dp_marginals
+        wants = self.needs_dp_marginals
         if wants and self.budget.marginals <= 0:
-            raise ValueError("training.public_stage.rows_from 'dp_marginals' needs a share of epsilon: set "
+            users = [name for name, on in (("training.public_stage.rows_from 'dp_marginals'", self.training.public_stage.uses_dp_marginals),
+                                           ("generation.calibrate", self.generation.calibrate.enabled)) if on]
+            raise ValueError(f"{' and '.join(users)} uses the DP marginals, which needs a share of epsilon: set "
                              "budget.marginals (e.g. 0.1)")
         if self.budget.marginals > 0 and not wants:
-            raise ValueError("budget.marginals is only spent by training.public_stage.rows_from 'dp_marginals' "
-                             "with public_stage.steps > 0: set it to 0 or use those marginals")
+            raise ValueError("budget.marginals is only spent for training.public_stage.rows_from 'dp_marginals' "
+                             "(with public_stage.steps > 0) or generation.calibrate: set it to 0 or use those marginals")
         if self.budget.domain + self.budget.fair_stats + self.budget.marginals >= 1:
             raise ValueError("budget: domain + fair_stats + marginals must leave a share of epsilon for DP-SGD (< 1)")
         return self

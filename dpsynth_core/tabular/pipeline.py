@@ -11,13 +11,14 @@ Stages (each leaves ``stages/<name>.done``; a rerun skips finished stages)::
                 schema's `domain: dp` columns under DP (Gaussian histogram)   -> schema_resolved.json
     fair_stats  one DP (A, Y) table per sensitive attribute -> fairness targets (only with a fairness
                 term)                                                          -> fair_targets.json
-    marginals   DP 1-way marginals of every column (only with public_stage.rows_from: dp_marginals)
-                                                                               -> dp_marginals.json
+    marginals   DP 1-way marginals of every column (with public_stage.rows_from: dp_marginals or
+                generation.calibrate)                                          -> dp_marginals.json
     train       stage 1 (optional, no private rows): LoRA on rows drawn from the public schema or the
                 DP marginals, merged                                           -> public_stage.json;
                 stage 2: DP-SGD LoRA fine-tuning with the fairness penalty (its equalized-odds
                 constants renewed from rows the model generates)              -> train/ (adapter)
-    generate    constrained, fairness-aware generation (post-processing)      -> synthetic.csv
+    generate    constrained, fairness-aware generation (post-processing); with generation.calibrate
+                a larger pool raked to the DP marginals                        -> synthetic.csv
     evaluate    TSTR / TVD / fairness / DCR+MIA on real data (owner-side report, not a release)
     reference   the TSTR classifiers trained on the real sample (owner-side reference row)
     release     release/: synthetic.csv, the adapter, the DP schema and targets, the ledger
@@ -32,6 +33,7 @@ function gets only the config and the run directory path.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -143,7 +145,8 @@ def stage_fair_stats(cfg: DpFairConfig, root: str) -> dict:
 
 
 def stage_marginals(cfg: DpFairConfig, root: str) -> dict:
-    """DP 1-way marginals of every column for stage 1's rows (``public_stage.rows_from: dp_marginals``)."""
+    """DP 1-way marginals of every column: stage 1's rows (``public_stage.rows_from: dp_marginals``) and
+    the targets of ``generation.calibrate``."""
     from dpsynth_core.tabular.dp_domain import dp_marginals
 
     run = Path(root)
@@ -257,11 +260,35 @@ def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path, base_model: str)
     model, tok = load_hf_model(base_model, adapter, resolve_placement(g.device, g.dtype, section="generation."))
     ledger.check("generate", PostProcessingEvent())
     t0 = time.time()
-    gen = generate_rows(model, tok, ser, cfg.generation)
-    _write_csv(gen.frame, run / "synthetic.csv")
-    ledger.record("generate", PostProcessingEvent(), details={"rows": len(gen.frame)})
-    return {"rows": len(gen.frame), "attempted": gen.attempted, "invalid": gen.invalid, "rejected": gen.rejected,
-            "valid_fraction": gen.valid_fraction, "seconds": time.time() - t0, "gap_history": gen.gap_history[-5:]}
+    calibration = None
+    if g.calibrate.enabled:  # a larger pool, raked to the DP marginals, num_rows of it released
+        pool_rows = math.ceil(g.num_rows * g.calibrate.pool_factor)
+        gen = generate_rows(model, tok, ser, g.model_copy(update={"num_rows": pool_rows}))
+        calibration = _calibrate(cfg, run, ser.schema, gen.frame)
+        frame = calibration.frame
+    else:
+        gen = generate_rows(model, tok, ser, g)
+        frame = gen.frame
+    _write_csv(frame, run / "synthetic.csv")
+    ledger.record("generate", PostProcessingEvent(), details={"rows": len(frame)})
+    return {"rows": len(frame), "attempted": gen.attempted, "invalid": gen.invalid, "rejected": gen.rejected,
+            "valid_fraction": gen.valid_fraction, "seconds": time.time() - t0, "gap_history": gen.gap_history[-5:],
+            **({"calibration": calibration.summary()} if calibration is not None else {})}
+
+
+def _calibrate(cfg: DpFairConfig, run: Path, schema: TableSchema, pool: pd.DataFrame):
+    """Rake the generated pool to the run's DP marginals (and, for fair generation, to demographic parity)."""
+    from dpsynth_core.tabular.calibrate import calibrate_rows, fairness_margins, margins_from_dp
+
+    g = cfg.generation
+    marginals = json.loads((run / MARGINALS_FILE).read_text())
+    margins = margins_from_dp(marginals, schema)
+    fair = g.fairness
+    if g.calibrate.fairness and fair.enabled and schema.target is not None:
+        attributes = fair.attributes(schema.sensitive)
+        margins += fairness_margins(marginals, attributes, schema.target,
+                                    {a: fair.targets_for(a, attributes) for a in attributes}, schema.positive())
+    return calibrate_rows(pool, margins, g.num_rows, seed=g.seed, max_weight=g.calibrate.max_weight)
 
 
 def stage_evaluate(cfg: DpFairConfig, root: str) -> dict:
@@ -321,7 +348,7 @@ def _wanted(cfg: DpFairConfig, schema: TableSchema) -> list[str]:
     skip = set()
     if not cfg.fairness.enabled:
         skip.add("fair_stats")
-    if not cfg.training.public_stage.uses_dp_marginals:
+    if not cfg.needs_dp_marginals:
         skip.add("marginals")
     if not (cfg.evaluate_reference and schema.target is not None):
         skip.add("reference")
