@@ -116,3 +116,26 @@ def test_margin_cells_bin_numbers_and_mark_unknown_values():
     frame = pd.DataFrame({"age": [0, 24.9, 25, 100, 130, "bad"], "sex": ["F", "M", "M", "F", "F", "M"]})
     assert list(m.cells(frame)) == [0, 1, 3, 6, 6, -1]
     assert list(m.cells(pd.DataFrame({"age": [10], "sex": ["X"]}))) == [-1]
+
+
+def test_pair_margins_put_the_label_dependence_into_a_pool_that_lacks_it():
+    """A generator whose labels ignore the features: raking to a DP (age, income) table makes high
+    incomes older, as the release says, while the 1-way margins still hold."""
+    from dpsynth_core.tabular.calibrate import pair_margins_from_dp
+
+    rng = np.random.default_rng(2)
+    n = 4000
+    pool = pd.DataFrame({"age": rng.uniform(0, 100, n), "sex": rng.choice(["F", "M"], n),
+                         "income": np.where(rng.uniform(size=n) < 0.24, ">50K", "<=50K")})
+    dp = {**DP, "age": {**DP["age"], "counts": [250.0, 250.0, 250.0, 250.0]},
+          "pairs": {"age|income": {"columns": ["age", "income"],  # (age bin) x (<=50K, >50K)
+                                   "counts": [240.0, 10.0, 200.0, 50.0, 170.0, 80.0, 150.0, 100.0]}}}
+    margins = margins_from_dp(dp, _schema()) + pair_margins_from_dp(dp, _schema())
+    w, _ = rake(pool, margins)
+    old = (pool["age"] >= 75).to_numpy()
+    rich = (pool["income"] == ">50K").to_numpy()
+    assert abs(rich[old].mean() - rich[~old].mean()) < 0.05  # the pool: no dependence
+    assert np.average(rich[old], weights=w[old]) == pytest.approx(0.4, abs=0.02)
+    assert np.average(rich[~old], weights=w[~old]) == pytest.approx(140 / 750, abs=0.02)
+    assert all(m.tvd(pool, w) < 1e-3 for m in margins)
+    assert pair_margins_from_dp(DP, _schema()) == []  # no pairs released, none used

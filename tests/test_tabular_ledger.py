@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -92,6 +93,31 @@ def test_dp_marginals_are_charged_noisy_and_shape_stage_one_rows(tmp_path, adult
     with pytest.raises(Exception, match="refused"):
         dp_marginals(adult_sample, schema, epsilon=0.5, ledger=small)
     assert small.entries() == []
+
+
+def test_dp_pair_marginals_with_the_target_are_more_compositions_of_the_same_event(tmp_path, adult_sample):
+    """calibrate.pairs_with_target: each column's 2-way histogram with the target is released beside the
+    1-way ones, K - 1 more compositions in the one ledger entry; its cells sum like the data's."""
+    from dpsynth_core.tabular.calibrate import pair_margins_from_dp
+
+    schema = load_schema(ADULT_SCHEMA).select(["age", "education", "sex", "income"])
+    ledger = PrivacyLedger.create(tmp_path, "adult", 4.0, 1e-5)
+    released = dp_marginals(adult_sample, schema, epsilon=2.0, ledger=ledger, bins=8, pairs_with="income")
+    (entry,) = ledger.entries()
+    sigma = calibrate_gaussian_noise(2.0, 1e-5, compositions=4 + 3)
+    assert entry.params == GaussianEvent(noise_multiplier=sigma, compositions=7).params()
+    assert sorted(released["pairs"]) == ["age|income", "education|income", "sex|income"]
+    sex = released["pairs"]["sex|income"]["counts"]  # (Female, Male) x (<=50K, >50K), row-major
+    exact = pd.crosstab(adult_sample.sex, adult_sample.income).loc[["Female", "Male"], ["<=50K", ">50K"]].to_numpy().ravel()
+    assert len(sex) == 4 and max(abs(a - b) for a, b in zip(sex, exact)) < 6 * sigma
+    assert len(released["pairs"]["age|income"]["counts"]) == 16
+    margins = {m.name: m for m in pair_margins_from_dp(released, schema, skip=("sex",))}
+    assert sorted(margins) == ["age|income", "education|income"]
+    # the margin's cells are the release's cells: the exact table's shares land where the counts say
+    real = margins["age|income"].shares(adult_sample)
+    assert np.abs(real - margins["age|income"].target).sum() / 2 < 0.1
+    with pytest.raises(Exception, match="categorical"):
+        dp_marginals(adult_sample, schema, epsilon=0.1, ledger=ledger, pairs_with="age")
 
 
 def _tiny_config(tmp_path: Path, **over) -> Path:

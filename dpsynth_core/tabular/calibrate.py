@@ -11,10 +11,12 @@ samples a larger pool and the pool is calibrated to them:
    with those margins raking is the one closest to uniform in KL, so the generator's dependencies
    between columns are kept as far as the margins allow. Weights are capped at ``max_weight`` x
    the mean so a handful of rare rows cannot stand for a whole cell.
-2. optional fairness cells: for a sensitive attribute A and the target Y, the joint (A, Y) is
+2. optional DP 2-way (column, target) margins (``pairs_with_target``): the label's dependence on
+   each feature, which a few DP-SGD steps barely teach the generator, comes from the DP release.
+3. optional fairness cells: for a sensitive attribute A and the target Y, the joint (A, Y) is
    raked to P(A) x P(Y | A = a) with P(Y | A = a) = the target rate (default: the DP marginal
    P(Y) for every group), i.e. demographic parity in the released table.
-3. ``n`` rows drawn from the pool with inclusion probabilities proportional to the weights
+4. ``n`` rows drawn from the pool with inclusion probabilities proportional to the weights
    (systematic PPS sampling in a random order: exactly ``n`` distinct rows).
 
 Every input is a DP release or a generated row, and the sampling seed is a config seed: this is
@@ -32,7 +34,8 @@ import pandas as pd
 
 from dpsynth_core.tabular.schema import TableSchema
 
-__all__ = ["CalibrationResult", "Margin", "calibrate_rows", "fairness_margins", "margins_from_dp", "rake", "systematic_pps"]
+__all__ = ["CalibrationResult", "Margin", "calibrate_rows", "fairness_margins", "margins_from_dp", "pair_margins_from_dp", "rake",
+           "systematic_pps"]
 
 
 @dataclass
@@ -87,6 +90,24 @@ def margins_from_dp(marginals: dict[str, dict], schema: TableSchema) -> list[Mar
         kw = ({"edges": {col.name: np.asarray(entry["edges"], float)}} if entry["kind"] == "numeric"
               else {"values": {col.name: [str(v) for v in entry["values"]]}})
         out.append(Margin(name=col.name, columns=(col.name,), target=counts / counts.sum(), **kw))
+    return out
+
+
+def pair_margins_from_dp(marginals: dict[str, dict], schema: TableSchema, skip: tuple[str, ...] = ()) -> list[Margin]:
+    """One margin per DP 2-way (column, target) histogram of ``dp_marginals.json`` (``"pairs"``), except
+    the columns in ``skip`` (a sensitive attribute whose (A, Y) cells are raked to parity instead)."""
+    out = []
+    for name, entry in (marginals.get("pairs") or {}).items():
+        col, target = entry["columns"]
+        counts = np.maximum(np.asarray(entry["counts"], float), 0.0)
+        if col in skip or counts.sum() <= 0:
+            continue
+        edges, values = {}, {target: [str(v) for v in marginals[target]["values"]]}
+        if marginals[col]["kind"] == "numeric":
+            edges[col] = np.asarray(marginals[col]["edges"], float)
+        else:
+            values[col] = [str(v) for v in marginals[col]["values"]]
+        out.append(Margin(name=name, columns=(col, target), target=counts / counts.sum(), edges=edges, values=values))
     return out
 
 

@@ -72,12 +72,16 @@ class CalibrationSettings(StrictConfig):
     """Generate ``pool_factor`` x ``num_rows`` rows, rake them to the run's DP 1-way marginals (the
     ``marginals`` stage, ``budget.marginals``) and release ``num_rows`` of them (``tabular.calibrate``;
     post-processing). With ``fairness`` and fairness-aware generation on, the (A, Y) cells of each
-    enforced attribute are raked to demographic parity too (``target_rates`` when given)."""
+    enforced attribute are raked to demographic parity too (``target_rates`` when given).
+    ``pairs_with_target``: the marginals stage also releases each column's 2-way histogram with the
+    target (K - 1 more compositions under the same ``budget.marginals``) and the pool is raked to them
+    (the (A, Y) pair of an attribute raked to parity is left out)."""
 
     enabled: bool = False
     pool_factor: float = Field(3.0, ge=1, le=20)
     max_weight: float = Field(20.0, gt=1, le=1000)  # raking weights are capped at this multiple of the mean
     fairness: bool = True
+    pairs_with_target: bool = False
 
 
 class GenerationSettings(StrictConfig):

@@ -140,31 +140,54 @@ def dp_group_label_tables(
 
 
 def dp_marginals(df: pd.DataFrame, schema: TableSchema, *, epsilon: float, ledger, bins: int = 8,
-                 stage: str = "dp_marginals") -> dict[str, dict]:
+                 stage: str = "dp_marginals", pairs_with: str | None = None) -> dict[str, dict]:
     """DP 1-way marginals of every column: ``{column: {"kind", "values" | "edges", "counts"}}``.
 
     One Gaussian histogram per column over public cells (a categorical column's categories, a numeric
     column's ``bins`` equal-width bins between its public or DP-released bounds): a record adds 1 to one
     cell of each, so L2 sensitivity 1 per histogram and K columns = K compositions of one event.
+    ``pairs_with``: a categorical column (the target) whose 2-way histogram with every other column is
+    released too, under ``"pairs": {"<column>|<pairs_with>": {"columns", "counts"}}`` (counts row-major,
+    the column's cells x the target's categories): K - 1 more compositions of the same event.
     Negative noisy counts are clamped to 0 (post-processing); noise from OS entropy.
     """
+    if pairs_with is not None and not schema.column(pairs_with).is_categorical:
+        raise ConfigError(f"DP pair marginals: '{pairs_with}' must be a categorical column")
+    others = [c.name for c in schema.columns if pairs_with is not None and c.name != pairs_with]
     P = _privacy()
-    sigma = P.calibrate_gaussian_noise(epsilon, ledger.delta, compositions=len(schema.columns))
-    event = P.GaussianEvent(noise_multiplier=sigma, compositions=len(schema.columns))
+    compositions = len(schema.columns) + len(others)
+    sigma = P.calibrate_gaussian_noise(epsilon, ledger.delta, compositions=compositions)
+    event = P.GaussianEvent(noise_multiplier=sigma, compositions=compositions)
     ledger.check(stage, event)
     rng = P.randomness.secure_rng()  # secret noise: never from a config seed
+    codes: dict[str, tuple[np.ndarray, int]] = {}
     out: dict[str, dict] = {}
     for col in schema.columns:
         values = df[col.name]
         if col.is_categorical:
             cells = list(col.categories)
-            counts = values.astype(str).value_counts().reindex(cells, fill_value=0).to_numpy(float)
+            code = pd.Categorical(values.astype(str), categories=cells).codes.astype(np.int64)
             entry = {"kind": "categorical", "values": cells}
+            size = len(cells)
         else:
             edges = np.linspace(float(col.min), float(col.max), bins + 1)
-            counts = np.histogram(np.clip(values.to_numpy(float), edges[0], edges[-1]), bins=edges)[0].astype(float)
+            x = np.clip(values.to_numpy(float), edges[0], edges[-1])
+            code = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, bins - 1)
             entry = {"kind": "numeric", "edges": edges.tolist()}
+            size = bins
+        codes[col.name] = (code, size)
+        counts = np.bincount(code[code >= 0], minlength=size).astype(float)
         entry["counts"] = np.maximum(counts + rng.normal(0.0, sigma, size=counts.shape), 0.0).tolist()
         out[col.name] = entry
-    ledger.record(stage, event, details={"columns": schema.names, "bins": bins, "sigma": sigma})
+    if others:
+        y, n_y = codes[pairs_with]  # type: ignore[index]
+        out["pairs"] = {}
+        for name in others:
+            x, n_x = codes[name]
+            ok = (x >= 0) & (y >= 0)
+            counts = np.bincount(x[ok] * n_y + y[ok], minlength=n_x * n_y).astype(float)
+            noisy = np.maximum(counts + rng.normal(0.0, sigma, size=counts.shape), 0.0)
+            out["pairs"][f"{name}|{pairs_with}"] = {"columns": [name, pairs_with], "counts": noisy.tolist()}
+    ledger.record(stage, event, details={"columns": schema.names, "bins": bins, "sigma": sigma,
+                                         **({"pairs_with": pairs_with} if others else {})})
     return out

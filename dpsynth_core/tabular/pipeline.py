@@ -70,6 +70,8 @@ def public_schema(cfg: DpFairConfig) -> TableSchema:
     for a in attributes + cfg.generation.fairness.attributes(schema.sensitive):
         if not schema.column(a).is_categorical:
             raise ConfigError(f"fairness: sensitive attribute '{a}' must be a categorical column")
+    if cfg.generation.calibrate.pairs_with_target and schema.target is None:
+        raise ConfigError(f"{cfg.schema_path}: generation.calibrate.pairs_with_target needs a target in the schema")
     for name in ("dp", "reweigh", "eo"):  # a per-attribute weight for an attribute the run does not use
         weight = getattr(cfg.fairness, f"lambda_{name}")
         if isinstance(weight, dict) and set(weight) - set(attributes):
@@ -152,10 +154,12 @@ def stage_marginals(cfg: DpFairConfig, root: str) -> dict:
     run = Path(root)
     schema = resolved_schema(run)
     private = private_data.load_private(cfg, run, schema)
+    cal = cfg.generation.calibrate
+    pairs_with = schema.target if cal.enabled and cal.pairs_with_target else None
     marginals = dp_marginals(private, schema, epsilon=cfg.epsilon * cfg.budget.marginals, ledger=_ledger(run),
-                             bins=cfg.training.public_stage.marginal_bins)
+                             bins=cfg.training.public_stage.marginal_bins, pairs_with=pairs_with)
     atomic_write_text(run / MARGINALS_FILE, json.dumps(marginals, indent=1))
-    return {"columns": list(marginals)}
+    return {"columns": [c for c in marginals if c != "pairs"], **({"pairs_with": pairs_with} if pairs_with else {})}
 
 
 def stage_model(cfg: DpFairConfig, root: str) -> dict:
@@ -278,16 +282,17 @@ def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path, base_model: str)
 
 def _calibrate(cfg: DpFairConfig, run: Path, schema: TableSchema, pool: pd.DataFrame):
     """Rake the generated pool to the run's DP marginals (and, for fair generation, to demographic parity)."""
-    from dpsynth_core.tabular.calibrate import calibrate_rows, fairness_margins, margins_from_dp
+    from dpsynth_core.tabular.calibrate import calibrate_rows, fairness_margins, margins_from_dp, pair_margins_from_dp
 
     g = cfg.generation
     marginals = json.loads((run / MARGINALS_FILE).read_text())
     margins = margins_from_dp(marginals, schema)
-    fair = g.fairness
+    fair, parity = g.fairness, []
     if g.calibrate.fairness and fair.enabled and schema.target is not None:
-        attributes = fair.attributes(schema.sensitive)
-        margins += fairness_margins(marginals, attributes, schema.target,
-                                    {a: fair.targets_for(a, attributes) for a in attributes}, schema.positive())
+        parity = fair.attributes(schema.sensitive)
+        margins += fairness_margins(marginals, parity, schema.target,
+                                    {a: fair.targets_for(a, parity) for a in parity}, schema.positive())
+    margins += pair_margins_from_dp(marginals, schema, skip=tuple(parity))  # none unless pairs_with_target
     return calibrate_rows(pool, margins, g.num_rows, seed=g.seed, max_weight=g.calibrate.max_weight)
 
 
