@@ -38,7 +38,11 @@ def _method(run: Path, summary: dict) -> str:
     cfg = yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").is_file() else {}
     fairness = (cfg or {}).get("fairness") or {}
     fair = (fairness.get("lambda_dp") or 0) > 0 or (fairness.get("lambda_eo") or 0) > 0
-    return f"DPFairLLM {'with' if fair else 'without'} fairness terms"
+    calibrate = ((cfg or {}).get("generation") or {}).get("calibrate") or {}
+    how = ""
+    if calibrate.get("enabled"):  # generation.calibrate: raked to the DP 1-way (and (column, Y)) tables
+        how = ", calibrated to DP 1-way" + (" + (column, Y) tables" if calibrate.get("pairs_with_target") else " marginals")
+    return f"DPFairLLM {'with' if fair else 'without'} fairness terms{how}"
 
 
 def collect(run_dirs: list[Path]) -> list[dict]:
