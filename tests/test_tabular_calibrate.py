@@ -139,3 +139,17 @@ def test_pair_margins_put_the_label_dependence_into_a_pool_that_lacks_it():
     assert np.average(rich[~old], weights=w[~old]) == pytest.approx(140 / 750, abs=0.02)
     assert all(m.tvd(pool, w) < 1e-3 for m in margins)
     assert pair_margins_from_dp(DP, _schema()) == []  # no pairs released, none used
+
+
+def test_balanced_selection_releases_rows_whose_margins_track_the_targets():
+    """select: balanced — the n released rows' own margins sit near the DP marginals, where PPS carries
+    sampling noise; n distinct rows, repeatable from the post-processing seed."""
+    pool = _skewed_pool(n=900)
+    margins = margins_from_dp(DP, _schema())
+    pps = [calibrate_rows(pool, margins, 100, seed=s).summary()["tvd_to_dp_released"] for s in range(3)]
+    res = calibrate_rows(pool, margins, 100, seed=0, select="balanced")
+    assert len(res.frame) == 100 and not res.frame.duplicated().any()
+    assert res.summary()["tvd_to_dp_released"] < 0.02 < min(pps)
+    pd.testing.assert_frame_equal(res.frame, calibrate_rows(pool, margins, 100, seed=0, select="balanced").frame)
+    with pytest.raises(ValueError, match="select"):
+        calibrate_rows(pool, margins, 100, seed=0, select="best")

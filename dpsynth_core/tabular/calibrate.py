@@ -17,7 +17,10 @@ samples a larger pool and the pool is calibrated to them:
    raked to P(A) x P(Y | A = a) with P(Y | A = a) = the target rate (default: the DP marginal
    P(Y) for every group), i.e. demographic parity in the released table.
 4. ``n`` rows drawn from the pool with inclusion probabilities proportional to the weights
-   (systematic PPS sampling in a random order: exactly ``n`` distinct rows).
+   (systematic PPS sampling in a random order: exactly ``n`` distinct rows), or, with
+   ``select: balanced``, chosen greedily so the released rows' own margins track the targets
+   (PPS adds sampling noise: 100 of 300 rows sat at mean 1-way TVD 0.10 from the DP marginals
+   where the weighted pool was at 0.02-0.05; the greedy choice at 0.06).
 
 Every input is a DP release or a generated row, and the sampling seed is a config seed: this is
 post-processing of DP outputs. Cells of a margin no pool row falls in are dropped from it and the
@@ -34,7 +37,7 @@ import pandas as pd
 
 from dpsynth_core.tabular.schema import TableSchema
 
-__all__ = ["CalibrationResult", "Margin", "calibrate_rows", "fairness_margins", "margins_from_dp", "pair_margins_from_dp", "rake",
+__all__ = ["CalibrationResult", "Margin", "balanced_selection", "calibrate_rows", "fairness_margins", "margins_from_dp", "pair_margins_from_dp", "rake",
            "systematic_pps"]
 
 
@@ -137,6 +140,17 @@ def fairness_margins(marginals: dict[str, dict], attributes: list[str], target: 
     return out
 
 
+def _reachable_targets(margins: list[Margin], cells: list[np.ndarray]) -> tuple[list[np.ndarray], dict[str, float]]:
+    """Each margin's target on the cells some pool row falls in (renormalised), and the mass left out."""
+    targets, dropped = [], {}
+    for m, c in zip(margins, cells):
+        covered = np.bincount(c[c >= 0], minlength=len(m.target)) > 0
+        dropped[m.name] = float(m.target[~covered].sum())
+        t = np.where(covered, m.target, 0.0)
+        targets.append(t / t.sum() if t.sum() > 0 else t)
+    return targets, dropped
+
+
 def rake(frame: pd.DataFrame, margins: list[Margin], *, max_weight: float = 20.0, iterations: int = 200,
          tol: float = 1e-6) -> tuple[np.ndarray, dict[str, float]]:
     """Raking weights (mean 1) and, per margin, the target mass left out (cells with no pool row)."""
@@ -145,12 +159,7 @@ def rake(frame: pd.DataFrame, margins: list[Margin], *, max_weight: float = 20.0
     if n == 0 or not margins:
         return w, {}
     cells = [m.cells(frame) for m in margins]
-    targets, dropped = [], {}
-    for m, c in zip(margins, cells):
-        covered = np.bincount(c[c >= 0], minlength=len(m.target)) > 0
-        dropped[m.name] = float(m.target[~covered].sum())
-        t = np.where(covered, m.target, 0.0)
-        targets.append(t / t.sum() if t.sum() > 0 else t)
+    targets, dropped = _reachable_targets(margins, cells)
     for _ in range(iterations):
         worst = 0.0
         for c, t in zip(cells, targets):
@@ -199,6 +208,34 @@ def systematic_pps(weights: np.ndarray, n: int, rng: np.random.Generator) -> np.
     return np.sort(np.unique(picked))
 
 
+def balanced_selection(frame: pd.DataFrame, margins: list[Margin], n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` distinct rows chosen greedily so that every margin's counts track ``k x target`` as the
+    selection grows (k = 1..n): each step takes the row whose cells have the largest summed deficit.
+    The released rows' margins then sit close to the targets instead of carrying PPS's sampling
+    noise; ties are broken at random."""
+    m = len(frame)
+    if n >= m:
+        return np.arange(m)
+    cells = [mg.cells(frame) for mg in margins]
+    targets, _ = _reachable_targets(margins, cells)
+    counts = [np.zeros(len(t)) for t in targets]
+    score_floor = rng.uniform(0.0, 1e-6, m)  # tie-break
+    taken = np.zeros(m, dtype=bool)
+    picked = np.empty(n, dtype=np.int64)
+    for k in range(n):
+        score = score_floor.copy()
+        for c, t, cnt in zip(cells, targets, counts):
+            deficit = (k + 1) * t - cnt
+            score += np.where(c >= 0, deficit[np.maximum(c, 0)], 0.0)
+        score[taken] = -np.inf
+        i = int(np.argmax(score))
+        taken[i], picked[k] = True, i
+        for c, cnt in zip(cells, counts):
+            if c[i] >= 0:
+                cnt[c[i]] += 1
+    return np.sort(picked)
+
+
 @dataclass
 class CalibrationResult:
     frame: pd.DataFrame
@@ -217,11 +254,20 @@ class CalibrationResult:
                 "largest_weight": self.max_weight}
 
 
-def calibrate_rows(pool: pd.DataFrame, margins: list[Margin], n: int, *, seed: int, max_weight: float = 20.0) -> CalibrationResult:
-    """Rake ``pool`` to ``margins`` and draw ``n`` rows from it (see the module docstring)."""
+def calibrate_rows(pool: pd.DataFrame, margins: list[Margin], n: int, *, seed: int, max_weight: float = 20.0,
+                   select: str = "pps") -> CalibrationResult:
+    """Rake ``pool`` to ``margins`` and draw ``n`` rows from it (see the module docstring);
+    ``select``: ``pps`` (by the raking weights) or ``balanced`` (:func:`balanced_selection`)."""
+    if select not in ("pps", "balanced"):
+        raise ValueError(f"calibrate: select must be 'pps' or 'balanced', not {select!r}")
     weights, dropped = rake(pool, margins, max_weight=max_weight)
     rng = np.random.default_rng(seed)  # post-processing: which generated rows are released
-    picked = systematic_pps(weights, n, rng) if len(pool) else np.arange(0)
+    if not len(pool):
+        picked = np.arange(0)
+    elif select == "balanced":
+        picked = balanced_selection(pool, margins, n, rng)
+    else:
+        picked = systematic_pps(weights, n, rng)
     released = pool.iloc[picked].sample(frac=1.0, random_state=seed).reset_index(drop=True)
     return CalibrationResult(
         frame=released, pool_rows=len(pool),

@@ -82,6 +82,8 @@ class CalibrationSettings(StrictConfig):
     max_weight: float = Field(20.0, gt=1, le=1000)  # raking weights are capped at this multiple of the mean
     fairness: bool = True
     pairs_with_target: bool = False
+    # which rows of the raked pool are released: by the weights (pps) or greedily matching the margins
+    select: Literal["pps", "balanced"] = "pps"
 
 
 class GenerationSettings(StrictConfig):

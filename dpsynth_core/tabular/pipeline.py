@@ -293,7 +293,8 @@ def _calibrate(cfg: DpFairConfig, run: Path, schema: TableSchema, pool: pd.DataF
         margins += fairness_margins(marginals, parity, schema.target,
                                     {a: fair.targets_for(a, parity) for a in parity}, schema.positive())
     margins += pair_margins_from_dp(marginals, schema, skip=tuple(parity))  # none unless pairs_with_target
-    return calibrate_rows(pool, margins, g.num_rows, seed=g.seed, max_weight=g.calibrate.max_weight)
+    return calibrate_rows(pool, margins, g.num_rows, seed=g.seed, max_weight=g.calibrate.max_weight,
+                          select=g.calibrate.select)
 
 
 def stage_evaluate(cfg: DpFairConfig, root: str) -> dict:
