@@ -82,8 +82,9 @@ class CalibrationSettings(StrictConfig):
     max_weight: float = Field(20.0, gt=1, le=1000)  # raking weights are capped at this multiple of the mean
     fairness: bool = True
     pairs_with_target: bool = False
-    # which rows of the raked pool are released: by the weights (pps) or greedily matching the margins
-    select: Literal["pps", "balanced"] = "pps"
+    # which rows of the raked pool are released: greedily matching the margins (balanced) or by the weights
+    # (pps). Adult, eps = 1, 3 seeds: released 1-way TVD 0.101 +- 0.015 balanced vs 0.163 +- 0.041 pps
+    select: Literal["pps", "balanced"] = "balanced"
 
 
 class GenerationSettings(StrictConfig):
