@@ -90,10 +90,13 @@ def plot(rows: list[dict], out: Path) -> Path:
     metrics = [("acc_gb", "TSTR accuracy (GB)"), ("f1_gb", "TSTR F1 (GB)"), ("dp_diff_gb", "DP difference (GB)"),
                ("eo_diff_gb", "EO difference (GB)"), ("tvd_2way", "2-way TVD")]
     fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 4))
-    labels = [f"{r['method'].replace(' fairness terms', '')}\n{'' if r.get('epsilon') is None else 'ε=%.2f' % r['epsilon']}" for r in rows]
+    short = lambda m: (m.replace(" fairness terms", "").replace("calibrated to DP ", "cal. ")  # noqa: E731
+                       .replace(" marginals", "").replace("balanced selection", "balanced"))
+    labels = [f"{short(r['method'])}\n{'' if r.get('epsilon') is None else 'ε=%.2f' % r['epsilon']}" for r in rows]
     for ax, (k, title) in zip(axes, metrics):
         vals = [r.get(k) if r.get(k) is not None else np.nan for r in rows]
-        ax.bar(np.arange(len(rows)), vals)
+        sds = [r.get(k + "_sd") or 0.0 for r in rows]  # --seeds rows: the sd over seeds as error bars
+        ax.bar(np.arange(len(rows)), vals, yerr=sds, capsize=3)
         ax.set_xticks(np.arange(len(rows)), labels, rotation=75, fontsize=7)
         ax.set_title(title)
     fig.tight_layout()
