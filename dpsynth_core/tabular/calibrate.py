@@ -81,6 +81,12 @@ class Margin:
         return 0.5 * float(np.abs(self.shares(frame, weights) - self.target).sum())
 
 
+def _shares(counts) -> np.ndarray:
+    """Noisy counts of a DP release as shares: clamped at 0, normalised (all zeros if nothing is left)."""
+    c = np.maximum(np.asarray(counts, float), 0.0)
+    return c / c.sum() if c.sum() > 0 else c
+
+
 def margins_from_dp(marginals: dict[str, dict], schema: TableSchema) -> list[Margin]:
     """One margin per column of ``dp_marginals.json`` (noisy counts, already clamped at 0)."""
     out = []
@@ -88,12 +94,12 @@ def margins_from_dp(marginals: dict[str, dict], schema: TableSchema) -> list[Mar
         entry = marginals.get(col.name)
         if entry is None:
             continue
-        counts = np.maximum(np.asarray(entry["counts"], float), 0.0)
-        if counts.sum() <= 0:
+        target = _shares(entry["counts"])
+        if not target.any():
             continue
         kw = ({"edges": {col.name: np.asarray(entry["edges"], float)}} if entry["kind"] == "numeric"
               else {"values": {col.name: [str(v) for v in entry["values"]]}})
-        out.append(Margin(name=col.name, columns=(col.name,), target=counts / counts.sum(), **kw))
+        out.append(Margin(name=col.name, columns=(col.name,), target=target, **kw))
     return out
 
 
@@ -102,16 +108,16 @@ def pair_margins_from_dp(marginals: dict[str, dict], schema: TableSchema, skip: 
     the columns in ``skip`` (a sensitive attribute whose (A, Y) cells are raked to parity instead)."""
     out = []
     for name, entry in (marginals.get("pairs") or {}).items():
-        col, target = entry["columns"]
-        counts = np.maximum(np.asarray(entry["counts"], float), 0.0)
-        if col in skip or counts.sum() <= 0:
+        col, y = entry["columns"]
+        target = _shares(entry["counts"])
+        if col in skip or not target.any():
             continue
-        edges, values = {}, {target: [str(v) for v in marginals[target]["values"]]}
+        edges, values = {}, {y: [str(v) for v in marginals[y]["values"]]}
         if marginals[col]["kind"] == "numeric":
             edges[col] = np.asarray(marginals[col]["edges"], float)
         else:
             values[col] = [str(v) for v in marginals[col]["values"]]
-        out.append(Margin(name=name, columns=(col, target), target=counts / counts.sum(), edges=edges, values=values))
+        out.append(Margin(name=name, columns=(col, y), target=target, edges=edges, values=values))
     return out
 
 
@@ -121,14 +127,12 @@ def fairness_margins(marginals: dict[str, dict], attributes: list[str], target: 
     ``rates[A][a]`` for the positive label when given, else the DP marginal P(Y) for every group."""
     ty = marginals[target]
     labels = [str(v) for v in ty["values"]]
-    p_y = np.maximum(np.asarray(ty["counts"], float), 0.0)
-    p_y = p_y / max(p_y.sum(), 1e-12)
+    p_y = _shares(ty["counts"])
     out = []
     for a in attributes:
         ta = marginals[a]
         groups = [str(v) for v in ta["values"]]
-        p_a = np.maximum(np.asarray(ta["counts"], float), 0.0)
-        p_a = p_a / max(p_a.sum(), 1e-12)
+        p_a = _shares(ta["counts"])
         joint = np.outer(p_a, p_y)
         given = (rates or {}).get(a) or {}
         if given and positive is not None and len(labels) == 2:
