@@ -92,17 +92,18 @@ def plot(rows: list[dict], out: Path) -> Path:
 
     metrics = [("acc_gb", "TSTR accuracy (GB)"), ("f1_gb", "TSTR F1 (GB)"), ("dp_diff_gb", "DP difference (GB)"),
                ("eo_diff_gb", "EO difference (GB)"), ("tvd_2way", "2-way TVD")]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 4))
-    short = lambda m: (m.replace(" fairness terms", "").replace("calibrated to DP ", "cal. ")  # noqa: E731
-                       .replace(" marginals", "").replace("balanced selection", "balanced"))
-    labels = [f"{short(r['method'])}\n{'' if r.get('epsilon') is None else 'ε=%.2f' % r['epsilon']}" for r in rows]
+    # bars are numbered; the methods' full names go in a key under the plots (long names as rotated
+    # tick labels did not fit)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 4 + 0.22 * len(rows)))
+    key = [f"{i + 1}: {r['method']}{'' if r.get('epsilon') is None else ', ε = %.2f' % r['epsilon']}" for i, r in enumerate(rows)]
     for ax, (k, title) in zip(axes, metrics):
         vals = [r.get(k) if r.get(k) is not None else np.nan for r in rows]
         sds = [r.get(k + "_sd") or 0.0 for r in rows]  # --seeds rows: the sd over seeds as error bars
         ax.bar(np.arange(len(rows)), vals, yerr=sds, capsize=3)
-        ax.set_xticks(np.arange(len(rows)), labels, rotation=75, fontsize=7)
+        ax.set_xticks(np.arange(len(rows)), [str(i + 1) for i in range(len(rows))])
         ax.set_title(title)
-    fig.tight_layout()
+    fig.text(0.01, 0.01, "\n".join(key), fontsize=8, va="bottom", ha="left")
+    fig.tight_layout(rect=(0, (0.22 * len(rows) + 0.2) / (4 + 0.22 * len(rows)), 1, 1))
     out.mkdir(parents=True, exist_ok=True)
     path = out / "comparison.png"
     fig.savefig(path, dpi=100)
