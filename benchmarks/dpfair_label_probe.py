@@ -27,6 +27,15 @@ import numpy as np
 import pandas as pd
 
 
+def _column_margin(marginals: dict, col: str):
+    from dpsynth_core.tabular.calibrate import Margin
+
+    spec = marginals[col]
+    if spec["kind"] == "numeric":
+        return Margin(name=col, columns=(col,), target=np.zeros(0), edges={col: np.asarray(spec["edges"], float)})
+    return Margin(name=col, columns=(col,), target=np.zeros(0), values={col: [str(v) for v in spec["values"]]})
+
+
 def nb_log_odds(frame: pd.DataFrame, marginals: dict, target: str, positive: str) -> np.ndarray:
     """log P(Y = pos | x) / P(Y = neg | x) under naive Bayes from the DP tables (+1 per cell: noisy zeros)."""
     labels = [str(v) for v in marginals[target]["values"]]
@@ -37,12 +46,7 @@ def nb_log_odds(frame: pd.DataFrame, marginals: dict, target: str, positive: str
         col = entry["columns"][0]
         cond = np.maximum(np.asarray(entry["counts"], float), 0).reshape(-1, len(labels)) + 1.0
         cond = cond / cond.sum(0, keepdims=True)  # P(x | y)
-        spec = marginals[col]
-        if spec["kind"] == "numeric":
-            edges = np.asarray(spec["edges"], float)
-            code = np.clip(np.searchsorted(edges, pd.to_numeric(frame[col]).to_numpy(float), side="right") - 1, 0, len(edges) - 2)
-        else:
-            code = pd.Categorical(frame[col].astype(str), categories=[str(v) for v in spec["values"]]).codes
+        code = _column_margin(marginals, col).cells(frame)  # the release's own binning of the column
         ok = code >= 0
         out[ok] += np.log(cond[code[ok], pos] / cond[code[ok], 1 - pos])
     return out

@@ -94,7 +94,8 @@ def plot(rows: list[dict], out: Path) -> Path:
                ("eo_diff_gb", "EO difference (GB)"), ("tvd_2way", "2-way TVD")]
     # bars are numbered; the methods' full names go in a key under the plots (long names as rotated
     # tick labels did not fit)
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 4 + 0.22 * len(rows)))
+    height = 4 + 0.22 * len(rows)  # the plots, then one key line per row
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), height))
     key = [f"{i + 1}: {r['method']}{'' if r.get('epsilon') is None else ', ε = %.2f' % r['epsilon']}" for i, r in enumerate(rows)]
     for ax, (k, title) in zip(axes, metrics):
         vals = [r.get(k) if r.get(k) is not None else np.nan for r in rows]
@@ -103,7 +104,7 @@ def plot(rows: list[dict], out: Path) -> Path:
         ax.set_xticks(np.arange(len(rows)), [str(i + 1) for i in range(len(rows))])
         ax.set_title(title)
     fig.text(0.01, 0.01, "\n".join(key), fontsize=8, va="bottom", ha="left")
-    fig.tight_layout(rect=(0, (0.22 * len(rows) + 0.2) / (4 + 0.22 * len(rows)), 1, 1))
+    fig.tight_layout(rect=(0, (height - 3.8) / height, 1, 1))
     out.mkdir(parents=True, exist_ok=True)
     path = out / "comparison.png"
     fig.savefig(path, dpi=100)
