@@ -270,8 +270,9 @@ class OpenAIIngress:
 
     @api.get("/health")
     async def health(self) -> dict:
-        """Liveness: the ingress answers (it says nothing about load; see /ready)."""
-        return {"status": "ok", "models": list(self.generators)}
+        """Liveness: the ingress answers. ``in_flight``: this ingress's calls per model, counted without
+        touching a replica (/ready pings them)."""
+        return {"status": "ok", "models": list(self.generators), "in_flight": dict(self.in_flight)}
 
     @api.get("/ready")
     async def ready(self) -> JSONResponse:

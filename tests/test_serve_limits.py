@@ -72,6 +72,15 @@ def _wait_ready(url: str, timeout: float = 60) -> None:
     raise AssertionError("/ready did not return to 200")
 
 
+def _wait_in_flight(url: str, model: str, count: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if httpx.get(url + "/health", timeout=10).json()["in_flight"][model] >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{count} requests to '{model}' did not reach the ingress within {timeout:g} s")
+
+
 def _in_background(fn, *args) -> tuple[threading.Thread, list]:
     out: list = []
     thread = threading.Thread(target=lambda: out.append(fn(*args)), daemon=True)
@@ -185,7 +194,7 @@ def test_ready_reports_overload_while_health_stays_liveness(served):
     assert httpx.get(url + "/ready").json()["models"] == {"tiny": "ready", "slow": "ready"}
     # HTTP clients fill the slow model's slot and queue place: saturated.
     threads = [_in_background(_post, url, {"model": "slow", "prompt": "x", "max_tokens": 4})[0] for _ in range(2)]
-    time.sleep(0.5)
+    _wait_in_flight(url, "slow", 2)  # /health counts them without pinging the replica (a ping would queue)
     r = httpx.get(url + "/ready", timeout=10)
     assert r.status_code == 503 and r.json()["models"]["slow"].startswith("saturated"), r.text
     assert r.json()["models"]["tiny"] == "ready" and r.headers.get("retry-after") == str(RETRY_AFTER)
