@@ -85,6 +85,16 @@ class CalibrationSettings(StrictConfig):
     # which rows of the raked pool are released: greedily matching the margins (balanced) or by the weights
     # (pps). Adult, eps = 1, 3 seeds: released 1-way TVD 0.101 +- 0.015 balanced vs 0.163 +- 0.041 pps
     select: Literal["pps", "balanced"] = "balanced"
+    # where the released rows' target comes from: the generator, or a ranking by the naive-Bayes score of
+    # the DP (column, target) tables (tabular.labeller; needs pairs_with_target and a binary target)
+    labels: Literal["generator", "dp_tables"] = "generator"
+
+    @model_validator(mode="after")
+    def _labels_need_pairs(self):
+        if self.labels == "dp_tables" and not self.pairs_with_target:
+            raise ValueError("generation.calibrate.labels 'dp_tables' reads the DP (column, target) tables: set "
+                             "pairs_with_target: true")
+        return self
 
 
 class GenerationSettings(StrictConfig):

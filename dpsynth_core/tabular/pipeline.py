@@ -72,6 +72,9 @@ def public_schema(cfg: DpFairConfig) -> TableSchema:
             raise ConfigError(f"fairness: sensitive attribute '{a}' must be a categorical column")
     if cfg.generation.calibrate.pairs_with_target and schema.target is None:
         raise ConfigError(f"{cfg.schema_path}: generation.calibrate.pairs_with_target needs a target in the schema")
+    if cfg.generation.calibrate.labels == "dp_tables" and len(schema.column(schema.target).categories or []) != 2:
+        raise ConfigError(f"{cfg.schema_path}: generation.calibrate.labels 'dp_tables' needs a binary target; "
+                          f"'{schema.target}' is not")
     for name in ("dp", "reweigh", "eo"):  # a per-attribute weight for an attribute the run does not use
         weight = getattr(cfg.fairness, f"lambda_{name}")
         if isinstance(weight, dict) and set(weight) - set(attributes):
@@ -293,6 +296,12 @@ def _calibrate(cfg: DpFairConfig, run: Path, schema: TableSchema, pool: pd.DataF
         margins += fairness_margins(marginals, parity, schema.target,
                                     {a: fair.targets_for(a, parity) for a in parity}, schema.positive())
     margins += pair_margins_from_dp(marginals, schema, skip=tuple(parity))  # none unless pairs_with_target
+    if g.calibrate.labels == "dp_tables":  # the pool's labels from the DP tables, before raking and selection
+        from dpsynth_core.tabular.labeller import relabel_from_dp_tables
+
+        single = parity[0] if len(parity) == 1 else None
+        pool = relabel_from_dp_tables(pool, marginals, schema.target, schema.positive(), skip=tuple(parity),
+                                      group_by=tuple(parity), rates=fair.targets_for(single, parity) if single else None)
     return calibrate_rows(pool, margins, g.num_rows, seed=g.seed, max_weight=g.calibrate.max_weight,
                           select=g.calibrate.select)
 

@@ -1,0 +1,130 @@
+"""Labels from the DP (column, target) tables (tabular.labeller): the score, the ranking, the pipeline hook."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpsynth_core.errors import ConfigError
+from dpsynth_core.tabular.labeller import naive_bayes_log_odds, rank_labels, relabel_from_dp_tables
+from dpsynth_core.tabular.schema import TableSchema
+
+SCHEMA = TableSchema.model_validate({"columns": [
+    {"name": "age", "type": "numeric", "min": 0, "max": 100},
+    {"name": "job", "type": "categorical", "categories": ["clerk", "exec"]},
+    {"name": "sex", "type": "categorical", "categories": ["F", "M"]},
+    {"name": "income", "type": "categorical", "categories": ["<=50K", ">50K"]},
+], "target": "income", "sensitive": ["sex"], "positive_label": ">50K", "name": "toy"})
+
+# A DP release: older people and executives earn more; men earn more (the table fairness leaves out).
+DP = {
+    "age": {"kind": "numeric", "edges": [0, 25, 50, 75, 100], "counts": [300.0, 400.0, 250.0, 50.0]},
+    "job": {"kind": "categorical", "values": ["clerk", "exec"], "counts": [700.0, 300.0]},
+    "sex": {"kind": "categorical", "values": ["F", "M"], "counts": [330.0, 670.0]},
+    "income": {"kind": "categorical", "values": ["<=50K", ">50K"], "counts": [750.0, 250.0]},
+    "pairs": {  # counts row-major: the column's cells x (<=50K, >50K); one noisy cell clamped to 0
+        "age|income": {"columns": ["age", "income"], "counts": [290.0, 10.0, 300.0, 100.0, 140.0, 110.0, 20.0, 30.0]},
+        "job|income": {"columns": ["job", "income"], "counts": [620.0, 80.0, 130.0, 170.0]},
+        "sex|income": {"columns": ["sex", "income"], "counts": [300.0, 0.0, 450.0, 220.0]},
+    },
+}
+
+
+def _rows(n: int = 400, seed: int = 0) -> pd.DataFrame:
+    """Generated rows whose labels carry no signal (what a few DP-SGD steps give)."""
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"age": rng.uniform(18, 90, n).round(), "job": rng.choice(["clerk", "exec"], n),
+                         "sex": rng.choice(["F", "M"], n), "income": rng.choice(["<=50K", ">50K"], n)})
+
+
+def test_naive_bayes_score_orders_rows_by_the_tables():
+    rows = pd.DataFrame({"age": [20, 60, 60, 60], "job": ["clerk", "clerk", "exec", "exec"], "sex": ["M", "M", "M", "F"],
+                         "income": ["<=50K"] * 4})
+    s = naive_bayes_log_odds(rows, DP, "income", ">50K")
+    assert s[0] < s[1] < s[2]  # older, then older and an executive
+    assert s[3] < s[2]  # with the sex table, a woman scores lower (that table's noisy 0 is floored, not -inf)
+    assert np.isfinite(s).all()
+    # each term is the table's log-likelihood ratio: the young clerk's score by hand
+    by_hand = (np.log(251 / 751) + np.log((11 / 254) / (291 / 754))  # prior; age in [0, 25)
+               + np.log((81 / 252) / (621 / 752)) + np.log((221 / 222) / (451 / 752)))  # clerk; man
+    assert s[0] == pytest.approx(by_hand)
+    # skipping the sensitive table: the two executives of age 60 differ only in sex, and tie
+    t = naive_bayes_log_odds(rows, DP, "income", ">50K", skip=("sex",))
+    assert t[2] == pytest.approx(t[3])
+
+
+def test_rank_labels_take_the_rate_of_each_group_from_the_top():
+    scores = np.array([5.0, 1.0, 4.0, 0.0, 3.0, 2.0, -1.0, 6.0])
+    assert rank_labels(scores, 0.25).tolist() == [True, False, False, False, False, False, False, True]
+    groups = np.array(["a", "a", "a", "a", "b", "b", "b", "b"])
+    assert rank_labels(scores, 0.5, groups).tolist() == [True, False, True, False, True, False, False, True]
+    picked = rank_labels(scores, {"a": 0.25, "b": 0.75}, groups)
+    assert picked.tolist() == [True, False, False, False, True, True, False, True]
+    assert not rank_labels(scores, 0.0).any() and rank_labels(scores, 1.0).all()
+
+
+def test_relabelled_rows_carry_the_released_dependence_at_the_dp_rate():
+    rows = _rows()
+    out = relabel_from_dp_tables(rows, DP, "income", ">50K")
+    rich = out["income"] == ">50K"
+    assert rich.mean() == pytest.approx(0.25, abs=0.005)  # the DP marginal's share, not the rows' ~50 %
+    assert out.loc[rich, "age"].mean() > out.loc[~rich, "age"].mean() + 5
+    assert (out.loc[rich, "job"] == "exec").mean() > 0.6 > (out.loc[~rich, "job"] == "exec").mean()
+    assert out.drop(columns="income").equals(rows.drop(columns="income"))  # only the label changes
+    assert rows["income"].eq(">50K").mean() > 0.4  # the input is left alone
+
+
+def test_fair_relabelling_ranks_within_each_group_and_ignores_the_sensitive_table():
+    rows = _rows()
+    unfair = relabel_from_dp_tables(rows, DP, "income", ">50K")
+    rate = lambda f, g: float((f.loc[f.sex == g, "income"] == ">50K").mean())  # noqa: E731
+    assert rate(unfair, "M") - rate(unfair, "F") > 0.2  # the sex table pushes men up
+    fair = relabel_from_dp_tables(rows, DP, "income", ">50K", skip=("sex",), group_by=("sex",))
+    assert abs(rate(fair, "M") - rate(fair, "F")) < 0.01 and rate(fair, "F") == pytest.approx(0.25, abs=0.01)
+    targeted = relabel_from_dp_tables(rows, DP, "income", ">50K", skip=("sex",), group_by=("sex",),
+                                      rates={"F": 0.2, "M": 0.3})
+    assert rate(targeted, "F") == pytest.approx(0.2, abs=0.01) and rate(targeted, "M") == pytest.approx(0.3, abs=0.01)
+
+
+def test_a_multiclass_target_is_refused():
+    three = {**DP, "income": {"kind": "categorical", "values": ["low", "mid", "high"], "counts": [1.0, 1.0, 1.0]}}
+    with pytest.raises(ConfigError, match="binary target"):
+        relabel_from_dp_tables(_rows(), three, "income", "high")
+
+
+def test_labels_from_dp_tables_need_the_pair_release():
+    from pydantic import ValidationError
+
+    from dpsynth_core.tabular.config import CalibrationSettings
+
+    with pytest.raises(ValidationError, match="pairs_with_target"):
+        CalibrationSettings(enabled=True, labels="dp_tables")
+    assert CalibrationSettings(enabled=True, labels="dp_tables", pairs_with_target=True).labels == "dp_tables"
+
+
+def test_the_pipeline_relabels_the_pool_before_raking_and_selection(tmp_path, monkeypatch):
+    """pipeline._calibrate with labels: dp_tables — the released rows' labels follow the DP tables at
+    parity, the generator's labels (pure noise here) are gone; with 'generator' they are kept."""
+    from dpsynth_core.tabular import pipeline
+    from dpsynth_core.tabular.config import DpFairConfig
+
+    (tmp_path / pipeline.MARGINALS_FILE).write_text(json.dumps(DP))
+    pool = _rows(900, seed=1)
+    base = {"name": "t", "output_dir": str(tmp_path), "epsilon": 1.0, "budget": {"marginals": 0.2},
+            "fairness": {"sensitive": "sex"}}
+    gen = {"num_rows": 200, "fairness": {"enabled": True, "sensitive": "sex"},
+           "calibrate": {"enabled": True, "pairs_with_target": True, "labels": "dp_tables"}}
+    cfg = DpFairConfig.model_validate({**base, "generation": gen})
+    released = pipeline._calibrate(cfg, tmp_path, SCHEMA, pool).frame
+    assert len(released) == 200
+    rich = released["income"] == ">50K"
+    assert released.loc[rich, "age"].mean() > released.loc[~rich, "age"].mean() + 10
+    rates = released.groupby("sex")["income"].apply(lambda s: (s == ">50K").mean())
+    assert abs(rates["M"] - rates["F"]) < 0.08
+    kept = DpFairConfig.model_validate({**base, "generation": {**gen, "calibrate": {**gen["calibrate"], "labels": "generator"}}})
+    plain = pipeline._calibrate(kept, tmp_path, SCHEMA, pool).frame
+    rich = plain["income"] == ">50K"
+    assert abs(plain.loc[rich, "age"].mean() - plain.loc[~rich, "age"].mean()) < 8  # the pool's labels: no signal
