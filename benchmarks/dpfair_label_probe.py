@@ -5,15 +5,17 @@
 For each run directory with DP (column, target) tables (``generation.calibrate.pairs_with_target``):
 
 1. ``nb ceiling``: a naive-Bayes classifier built only from the run's DP releases (the noisy target
-   marginal and the (column, target) tables of ``dp_marginals.json``), applied to the real test rows:
-   how much label signal the released statistics carry.
-2. the same naive Bayes as a *labeller*: labels sampled from its posterior (``sample``) or thresholded at
-   1/2 (``sharp``) for (a) as many real rows of the source file as the run released, and (b) the run's
-   released rows (the generator's features); TSTR logistic regression on the real test rows, mean ± sd
-   over ``--draws`` label draws.
+   marginal and the (column, target) tables of ``dp_marginals.json``; ``tabular.labeller``), applied to
+   the real test rows: how much label signal the released statistics carry.
+2. the same naive Bayes as a *labeller* for (a) as many real rows of the source file as the run
+   released, and (b) the run's released rows (the generator's features): labels sampled from its
+   posterior (``sample``, mean ± sd over ``--draws``), thresholded at 1/2 (``sharp``), or the top
+   P(Y = pos) share by score (``rank``: what ``generation.calibrate.labels: dp_tables`` does); TSTR
+   logistic regression on the real test rows.
 
-If (a) reaches the real-data F1 and (b) does not, the features the generator writes (their joint, not
-their margins) are what TSTR lacks, and no relabelling of its rows can recover it. Reads real rows:
+Measured (issue 18): ``sample`` and ``sharp`` on generated rows fall far below (a), ``rank`` does not:
+the naive Bayes' posterior is badly calibrated on generated rows (too few positives), while their
+features carry the signal. Reads real rows:
 run it on the owner's side only; it prints aggregate metrics, never a row.
 """
 
@@ -27,36 +29,12 @@ import numpy as np
 import pandas as pd
 
 
-def _column_margin(marginals: dict, col: str):
-    from dpsynth_core.tabular.calibrate import Margin
-
-    spec = marginals[col]
-    if spec["kind"] == "numeric":
-        return Margin(name=col, columns=(col,), target=np.zeros(0), edges={col: np.asarray(spec["edges"], float)})
-    return Margin(name=col, columns=(col,), target=np.zeros(0), values={col: [str(v) for v in spec["values"]]})
-
-
-def nb_log_odds(frame: pd.DataFrame, marginals: dict, target: str, positive: str) -> np.ndarray:
-    """log P(Y = pos | x) / P(Y = neg | x) under naive Bayes from the DP tables (+1 per cell: noisy zeros)."""
-    labels = [str(v) for v in marginals[target]["values"]]
-    pos = labels.index(positive)
-    p_y = np.maximum(np.asarray(marginals[target]["counts"], float), 0) + 1.0
-    out = np.full(len(frame), np.log(p_y[pos] / p_y[1 - pos]))
-    for entry in (marginals.get("pairs") or {}).values():
-        col = entry["columns"][0]
-        cond = np.maximum(np.asarray(entry["counts"], float), 0).reshape(-1, len(labels)) + 1.0
-        cond = cond / cond.sum(0, keepdims=True)  # P(x | y)
-        code = _column_margin(marginals, col).cells(frame)  # the release's own binning of the column
-        ok = code >= 0
-        out[ok] += np.log(cond[code[ok], pos] / cond[code[ok], 1 - pos])
-    return out
-
-
 def probe(run: Path, draws: int, rng: np.random.Generator) -> list[dict]:
     from sklearn.metrics import accuracy_score, f1_score
 
     from dpsynth_core.tabular import evaluate, private_data
     from dpsynth_core.tabular.config import load_dpfair_config
+    from dpsynth_core.tabular.labeller import naive_bayes_log_odds, rank_labels
     from dpsynth_core.tabular.schema import TableSchema
 
     cfg = load_dpfair_config(run / "config.yaml")
@@ -69,15 +47,18 @@ def probe(run: Path, draws: int, rng: np.random.Generator) -> list[dict]:
     released = pd.read_csv(run / "synthetic.csv", keep_default_na=False)
     real = private_data.read_source(cfg)[list(released.columns)].sample(len(released), random_state=int(rng.integers(2**31)))
     y_test = (test[target] == positive).to_numpy()
-    ceiling = nb_log_odds(test, marginals, target, positive) > 0
+    ceiling = naive_bayes_log_odds(test, marginals, target, positive) > 0
     rows = [{"run": run.name, "features": "-", "labels": "nb ceiling (test rows)", "f1": f1_score(y_test, ceiling),
              "f1_sd": 0.0, "acc": accuracy_score(y_test, ceiling), "pos_rate": float(ceiling.mean())}]
     for name, feats in (("real rows", real), ("generated rows", released)):
-        log_odds = nb_log_odds(feats, marginals, target, positive)
-        for mode in ("sample", "sharp"):
+        log_odds = naive_bayes_log_odds(feats, marginals, target, positive)
+        share = np.maximum(np.asarray(marginals[target]["counts"], float), 0)
+        p_pos = float(share[[str(v) for v in marginals[target]["values"]].index(positive)] / share.sum())  # DP P(Y = pos)
+        for mode in ("sample", "sharp", "rank"):
             f1s, accs, rates = [], [], []
             for _ in range(draws if mode == "sample" else 1):
-                positive_rows = rng.uniform(size=len(feats)) < 1 / (1 + np.exp(-log_odds)) if mode == "sample" else log_odds > 0
+                positive_rows = {"sample": lambda: rng.uniform(size=len(feats)) < 1 / (1 + np.exp(-log_odds)),
+                                 "sharp": lambda: log_odds > 0, "rank": lambda: rank_labels(log_odds, p_pos)}[mode]()
                 relabelled = feats.reset_index(drop=True).assign(**{target: np.where(positive_rows, positive, "other")})
                 lr = evaluate.tstr(relabelled, test, schema)["logreg"]
                 f1s.append(lr["f1"]), accs.append(lr["accuracy"]), rates.append(positive_rows.mean())
