@@ -128,3 +128,16 @@ def test_the_pipeline_relabels_the_pool_before_raking_and_selection(tmp_path, mo
     plain = pipeline._calibrate(kept, tmp_path, SCHEMA, pool).frame
     rich = plain["income"] == ">50K"
     assert abs(plain.loc[rich, "age"].mean() - plain.loc[~rich, "age"].mean()) < 8  # the pool's labels: no signal
+
+
+def test_label_temperature_keeps_the_rates_and_loosens_the_tie_to_the_features():
+    rows = _rows(2000, seed=3)
+    gap = lambda f: f.loc[f.income == ">50K", "age"].mean() - f.loc[f.income != ">50K", "age"].mean()  # noqa: E731
+    gaps = []
+    for t in (0.0, 1.0, 100.0):
+        out = relabel_from_dp_tables(rows, DP, "income", ">50K", skip=("sex",), group_by=("sex",), temperature=t, seed=1)
+        assert (out.income == ">50K").mean() == pytest.approx(0.25, abs=0.005)  # same rate at every temperature
+        gaps.append(gap(out))
+    assert gaps[0] > gaps[1] > gaps[2] and abs(gaps[2]) < 3  # very hot: labels almost independent of age
+    again = relabel_from_dp_tables(rows, DP, "income", ">50K", temperature=1.0, seed=1)
+    assert again.equals(relabel_from_dp_tables(rows, DP, "income", ">50K", temperature=1.0, seed=1))

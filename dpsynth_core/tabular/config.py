@@ -88,6 +88,9 @@ class CalibrationSettings(StrictConfig):
     # where the released rows' target comes from: the generator, or a ranking by the naive-Bayes score of
     # the DP (column, target) tables (tabular.labeller; needs pairs_with_target and a binary target)
     labels: Literal["generator", "dp_tables"] = "generator"
+    # dp_tables: rank score + label_temperature x logistic noise (0: the plain ranking; larger: labels less
+    # tied to the features, fairness gaps and F1 both lower)
+    label_temperature: float = Field(0.0, ge=0, le=100)
 
     @model_validator(mode="after")
     def _labels_need_pairs(self):

@@ -73,16 +73,22 @@ def rank_labels(scores: np.ndarray, rate: float | dict[str, float], groups: np.n
 
 def relabel_from_dp_tables(frame: pd.DataFrame, marginals: dict, target: str, positive: str, *,
                            skip: tuple[str, ...] = (), group_by: tuple[str, ...] = (),
-                           rates: dict[str, float] | None = None) -> pd.DataFrame:
+                           rates: dict[str, float] | None = None, temperature: float = 0.0,
+                           seed: int = 0) -> pd.DataFrame:
     """``frame`` with its target column replaced (see the module docstring). ``group_by``: columns whose
     value combinations are ranked separately; ``rates``: the positive share per value of a single
-    ``group_by`` column (default for every group: the DP marginal P(Y = pos))."""
+    ``group_by`` column (default for every group: the DP marginal P(Y = pos)). ``temperature`` > 0 ranks
+    score + temperature x logistic noise instead (the same rates, a weaker tie of label to features: less
+    for a downstream model to learn about the sensitive attribute's proxies); ``seed``: that noise
+    (post-processing of DP outputs, so a config seed)."""
     labels = [str(v) for v in marginals[target]["values"]]
     if len(labels) != 2:
         raise ConfigError(f"labels from the DP tables need a binary target; '{target}' has {len(labels)} classes")
     counts = np.maximum(np.asarray(marginals[target]["counts"], float), 0.0)
     overall = float(counts[labels.index(positive)] / counts.sum()) if counts.sum() > 0 else 0.5
     scores = naive_bayes_log_odds(frame, marginals, target, positive, skip)
+    if temperature > 0:
+        scores = scores + temperature * np.random.default_rng(seed).logistic(size=len(scores))
     groups = None
     if group_by:
         groups = frame[list(group_by)].astype(str).agg("\x1f".join, axis=1).to_numpy()

@@ -301,7 +301,8 @@ def _calibrate(cfg: DpFairConfig, run: Path, schema: TableSchema, pool: pd.DataF
 
         single = parity[0] if len(parity) == 1 else None
         pool = relabel_from_dp_tables(pool, marginals, schema.target, schema.positive(), skip=tuple(parity),
-                                      group_by=tuple(parity), rates=fair.targets_for(single, parity) if single else None)
+                                      group_by=tuple(parity), rates=fair.targets_for(single, parity) if single else None,
+                                      temperature=g.calibrate.label_temperature, seed=g.seed)
     return calibrate_rows(pool, margins, g.num_rows, seed=g.seed, max_weight=g.calibrate.max_weight,
                           select=g.calibrate.select)
 
