@@ -43,7 +43,8 @@ def _method(run: Path, summary: dict) -> str:
     if calibrate.get("enabled"):  # generation.calibrate: raked to the DP 1-way (and (column, Y)) tables
         how = ", calibrated to DP 1-way" + (" + (column, Y) tables" if calibrate.get("pairs_with_target") else " marginals")
         how += ", balanced selection" if calibrate.get("select") == "balanced" else ""
-        how += ", labels from the DP tables" if calibrate.get("labels") == "dp_tables" else ""
+        if calibrate.get("labels") == "dp_tables":
+            how += ", labels from the DP tables" + (f" (T = {calibrate['label_temperature']:g})" if calibrate.get("label_temperature") else "")
     training = (cfg or {}).get("training") or {}
     if training.get("steps") and training.get("expected_batch_size"):  # runs at different DP-SGD lengths differ
         how += f", DP-SGD {training['steps']}x{training['expected_batch_size']}"
