@@ -38,7 +38,7 @@ import pandas as pd
 
 from dpsynth_core.tabular.schema import TableSchema
 
-__all__ = ["CalibrationResult", "Margin", "balanced_selection", "calibrate_rows", "fairness_margins", "margins_from_dp", "pair_margins_from_dp", "rake",
+__all__ = ["CalibrationResult", "Margin", "balanced_selection", "calibrate_rows", "column_margin", "fairness_margins", "margins_from_dp", "pair_margins_from_dp", "rake",
            "systematic_pps"]
 
 
@@ -87,20 +87,18 @@ def _shares(counts) -> np.ndarray:
     return c / c.sum() if c.sum() > 0 else c
 
 
+def column_margin(marginals: dict[str, dict], column: str) -> Margin:
+    """One column's margin over the release's own cells (its categories, or its numeric bin edges)."""
+    entry = marginals[column]
+    kw = ({"edges": {column: np.asarray(entry["edges"], float)}} if entry["kind"] == "numeric"
+          else {"values": {column: [str(v) for v in entry["values"]]}})
+    return Margin(name=column, columns=(column,), target=_shares(entry["counts"]), **kw)
+
+
 def margins_from_dp(marginals: dict[str, dict], schema: TableSchema) -> list[Margin]:
     """One margin per column of ``dp_marginals.json`` (noisy counts, already clamped at 0)."""
-    out = []
-    for col in schema.columns:
-        entry = marginals.get(col.name)
-        if entry is None:
-            continue
-        target = _shares(entry["counts"])
-        if not target.any():
-            continue
-        kw = ({"edges": {col.name: np.asarray(entry["edges"], float)}} if entry["kind"] == "numeric"
-              else {"values": {col.name: [str(v) for v in entry["values"]]}})
-        out.append(Margin(name=col.name, columns=(col.name,), target=target, **kw))
-    return out
+    margins = [column_margin(marginals, col.name) for col in schema.columns if col.name in marginals]
+    return [m for m in margins if m.target.any()]
 
 
 def pair_margins_from_dp(marginals: dict[str, dict], schema: TableSchema, skip: tuple[str, ...] = ()) -> list[Margin]:

@@ -3,8 +3,9 @@
 Why: a generator DP-SGD trained for a few steps writes plausible *features* but barely ties the label
 to them. Measured on Adult (issue 18, owner-side): relabelling the generated rows with a classifier fit
 on the real rows gives TSTR F1 0.35-0.46, about what the same labeller reaches on real rows (0.42-0.46),
-while the generator's own labels give 0.06-0.28 (one run per eps, pools of 300-900 rows). The run has already released each column's 2-way table
-with the target (``calibrate.pairs_with_target``), so the label can come from them:
+while the generator's own labels give 0.06-0.28 (one run per eps, pools of 300-900 rows). The run has
+already released each column's 2-way table with the target (``calibrate.pairs_with_target``), so the
+label can come from them:
 
 * score: the naive-Bayes log-odds of the positive label, log P(pos) / P(neg) + sum over columns of
   log P(x_c | pos) / P(x_c | neg), every term from a noisy DP table (+1 per cell: a noisy zero must not
@@ -24,25 +25,22 @@ import numpy as np
 import pandas as pd
 
 from dpsynth_core.errors import ConfigError
-from dpsynth_core.tabular.calibrate import Margin
+from dpsynth_core.tabular.calibrate import column_margin
 
 __all__ = ["naive_bayes_log_odds", "rank_labels", "relabel_from_dp_tables"]
 
 
-def _column_cells(marginals: dict, column: str) -> Margin:
-    """The release's own cells of one column (its categories, or its numeric bin edges)."""
-    spec = marginals[column]
-    if spec["kind"] == "numeric":
-        return Margin(name=column, columns=(column,), target=np.zeros(0), edges={column: np.asarray(spec["edges"], float)})
-    return Margin(name=column, columns=(column,), target=np.zeros(0), values={column: [str(v) for v in spec["values"]]})
+def _binary_labels(marginals: dict, target: str) -> list[str]:
+    labels = [str(v) for v in marginals[target]["values"]]
+    if len(labels) != 2:
+        raise ConfigError(f"labels from the DP tables need a binary target; '{target}' has {len(labels)} classes")
+    return labels
 
 
 def naive_bayes_log_odds(frame: pd.DataFrame, marginals: dict, target: str, positive: str,
                          skip: tuple[str, ...] = ()) -> np.ndarray:
     """Per row, log P(Y = pos | x) / P(Y = neg | x) under naive Bayes from ``dp_marginals.json``."""
-    labels = [str(v) for v in marginals[target]["values"]]
-    if len(labels) != 2:
-        raise ConfigError(f"labels from the DP tables need a binary target; '{target}' has {len(labels)} classes")
+    labels = _binary_labels(marginals, target)
     pos = labels.index(positive)
     p_y = np.maximum(np.asarray(marginals[target]["counts"], float), 0.0) + 1.0
     out = np.full(len(frame), np.log(p_y[pos] / p_y[1 - pos]))
@@ -52,7 +50,7 @@ def naive_bayes_log_odds(frame: pd.DataFrame, marginals: dict, target: str, posi
             continue
         given_y = np.maximum(np.asarray(entry["counts"], float), 0.0).reshape(-1, 2) + 1.0
         given_y = given_y / given_y.sum(0, keepdims=True)  # P(x_c | y)
-        code = _column_cells(marginals, column).cells(frame)
+        code = column_margin(marginals, column).cells(frame)
         ok = code >= 0
         out[ok] += np.log(given_y[code[ok], pos] / given_y[code[ok], 1 - pos])
     return out
@@ -81,9 +79,7 @@ def relabel_from_dp_tables(frame: pd.DataFrame, marginals: dict, target: str, po
     score + temperature x logistic noise instead (the same rates, a weaker tie of label to features: less
     for a downstream model to learn about the sensitive attribute's proxies); ``seed``: that noise
     (post-processing of DP outputs, so a config seed)."""
-    labels = [str(v) for v in marginals[target]["values"]]
-    if len(labels) != 2:
-        raise ConfigError(f"labels from the DP tables need a binary target; '{target}' has {len(labels)} classes")
+    labels = _binary_labels(marginals, target)
     counts = np.maximum(np.asarray(marginals[target]["counts"], float), 0.0)
     overall = float(counts[labels.index(positive)] / counts.sum()) if counts.sum() > 0 else 0.5
     scores = naive_bayes_log_odds(frame, marginals, target, positive, skip)
