@@ -38,8 +38,8 @@ import pandas as pd
 
 from dpsynth_core.tabular.schema import TableSchema
 
-__all__ = ["CalibrationResult", "Margin", "balanced_selection", "calibrate_rows", "column_margin", "fairness_margins", "margins_from_dp", "pair_margins_from_dp", "rake",
-           "systematic_pps"]
+__all__ = ["CalibrationResult", "Margin", "balanced_selection", "calibrate_rows", "column_margin", "fairness_margins",
+           "margins_from_dp", "pair_margins_from_dp", "rake", "systematic_pps"]
 
 
 @dataclass
