@@ -42,6 +42,7 @@ def _method(run: Path, summary: dict) -> str:
     how = ""
     if calibrate.get("enabled"):  # generation.calibrate: raked to the DP 1-way (and (column, Y)) tables
         how = ", calibrated to DP 1-way" + (" + (column, Y) tables" if calibrate.get("pairs_with_target") else " marginals")
+        how += " + (column, A) tables" if calibrate.get("pairs_with_sensitive") else ""
         how += ", balanced selection" if calibrate.get("select") == "balanced" else ""
         if calibrate.get("labels") == "dp_tables":
             how += ", labels from the DP tables" + (f" (T = {calibrate['label_temperature']:g})" if calibrate.get("label_temperature") else "")

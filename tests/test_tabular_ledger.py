@@ -221,6 +221,32 @@ def test_pipeline_ledger_composes_within_epsilon(finished_run):
     assert "dpsgd" in (run / "ledger.txt").read_text()
 
 
+def test_marginals_stage_releases_the_pairs_the_config_asks_in_one_entry(finished_run, tmp_path):
+    """calibrate.pairs_with_target + pairs_with_sensitive through pipeline.stage_marginals (on a copy of the
+    finished run's working set, a fresh ledger): (column, income) for the 6 other columns and (column, sex)
+    for the 5 others but income, 7 + 11 compositions of one charged event."""
+    import shutil
+
+    from dpsynth_core.tabular import pipeline
+    from dpsynth_core.tabular.config import load_dpfair_config
+
+    run, path, _ = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("ledger*", "dp_marginals.json"))
+    cfg = load_dpfair_config(path)
+    cal = cfg.generation.calibrate.model_copy(update={"pairs_with_target": True, "pairs_with_sensitive": True})
+    cfg = cfg.model_copy(update={"generation": cfg.generation.model_copy(update={"calibrate": cal})})
+    ledger = PrivacyLedger.create(copy, "t", 3.0, PrivacyLedger.open(run).delta)
+    summary = pipeline.stage_marginals(cfg, str(copy))
+    assert summary["pairs_with"] == ["income", "sex"]
+    pairs = json.loads((copy / pipeline.MARGINALS_FILE).read_text())["pairs"]
+    assert sorted(n for n in pairs if n.endswith("|sex")) == [
+        "age|sex", "capital_loss|sex", "education|sex", "hours_per_week|sex", "race|sex"]
+    assert len([n for n in pairs if n.endswith("|income")]) == 6
+    (entry,) = ledger.entries()
+    assert entry.stage == "dp_marginals" and entry.event().compositions == 18
+    assert entry.epsilon <= 3.0 * 0.1 + 1e-6
+
 def test_one_release_and_one_ledger_per_run_directory(finished_run):
     """Issue 12, Major 7: the AIM baseline is no longer a second full-epsilon release inside the run."""
     run, _, _ = finished_run
@@ -313,6 +339,9 @@ def test_rerun_finished_or_changed_config(finished_run, capsys):
         ({"generation": {"num_rows": 16, "calibrate": {"enabled": True}}, "training": {"model": "tiny-llama"},
           "budget": {"domain": 0.05, "fair_stats": 0.05}},
          "generation.calibrate uses the DP marginals"),
+        ({"columns": ["age", "education", "income"], "fairness": {"lambda_dp": 0.0},
+          "generation": {"num_rows": 16, "calibrate": {"enabled": True, "pairs_with_sensitive": True}}},
+         "pairs_with_sensitive needs a sensitive attribute"),
     ],
 )
 def test_bad_config_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys, override, message):

@@ -75,13 +75,18 @@ class CalibrationSettings(StrictConfig):
     enforced attribute are raked to demographic parity too (``target_rates`` when given).
     ``pairs_with_target``: the marginals stage also releases each column's 2-way histogram with the
     target (K - 1 more compositions under the same ``budget.marginals``) and the pool is raked to them
-    (the (A, Y) pair of an attribute raked to parity is left out)."""
+    (the (A, Y) pair of an attribute raked to parity is left out). ``pairs_with_sensitive``: also each
+    sensitive attribute's 2-way table with every other feature (one more composition per table), raked
+    to: the released rows then keep the data's tie between A and its proxies (marital status, hours),
+    so labels ranked within each group (``labels: dp_tables``) make a downstream model offset the
+    proxies instead of reading A back from them."""
 
     enabled: bool = False
     pool_factor: float = Field(3.0, ge=1, le=20)
     max_weight: float = Field(20.0, gt=1, le=1000)  # raking weights are capped at this multiple of the mean
     fairness: bool = True
     pairs_with_target: bool = False
+    pairs_with_sensitive: bool = False
     # which rows of the raked pool are released: greedily matching the margins (balanced) or by the weights
     # (pps). Adult, eps = 1, 3 seeds: released 1-way TVD 0.101 +- 0.015 balanced vs 0.163 +- 0.041 pps
     select: Literal["pps", "balanced"] = "balanced"

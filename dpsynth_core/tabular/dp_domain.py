@@ -14,6 +14,8 @@ mechanism: a config seed is public, and noise drawn from it can be rebuilt and s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pandas as pd
 
@@ -140,22 +142,27 @@ def dp_group_label_tables(
 
 
 def dp_marginals(df: pd.DataFrame, schema: TableSchema, *, epsilon: float, ledger, bins: int = 8,
-                 stage: str = "dp_marginals", pairs_with: str | None = None) -> dict[str, dict]:
+                 stage: str = "dp_marginals", pairs_with: str | Sequence[str] | None = None) -> dict[str, dict]:
     """DP 1-way marginals of every column: ``{column: {"kind", "values" | "edges", "counts"}}``.
 
     One Gaussian histogram per column over public cells (a categorical column's categories, a numeric
     column's ``bins`` equal-width bins between its public or DP-released bounds): a record adds 1 to one
     cell of each, so L2 sensitivity 1 per histogram and K columns = K compositions of one event.
-    ``pairs_with``: a categorical column (the target) whose 2-way histogram with every other column is
-    released too, under ``"pairs": {"<column>|<pairs_with>": {"columns", "counts"}}`` (counts row-major,
-    the column's cells x the target's categories): K - 1 more compositions of the same event.
-    Negative noisy counts are clamped to 0 (post-processing); noise from OS entropy.
+    ``pairs_with``: categorical columns (the target; a sensitive attribute) whose 2-way histogram with
+    every other column is released too, under ``"pairs": {"<column>|<with>": {"columns", "counts"}}``
+    (counts row-major, the column's cells x the ``with`` column's categories), each unordered pair once:
+    one more composition of the same event per table. Negative noisy counts are clamped to 0
+    (post-processing); noise from OS entropy.
     """
-    if pairs_with is not None and not schema.column(pairs_with).is_categorical:
-        raise ConfigError(f"DP pair marginals: '{pairs_with}' must be a categorical column")
-    others = [c.name for c in schema.columns if pairs_with is not None and c.name != pairs_with]
+    anchors = [pairs_with] if isinstance(pairs_with, str) else list(pairs_with or ())
+    for name in anchors:
+        if not schema.column(name).is_categorical:
+            raise ConfigError(f"DP pair marginals: '{name}' must be a categorical column")
+    pairs: list[tuple[str, str]] = []
+    for i, anchor in enumerate(anchors):  # a pair of two anchors is released once, with the earlier one
+        pairs += [(c.name, anchor) for c in schema.columns if c.name != anchor and c.name not in anchors[:i]]
     P = _privacy()
-    compositions = len(schema.columns) + len(others)
+    compositions = len(schema.columns) + len(pairs)
     sigma = P.calibrate_gaussian_noise(epsilon, ledger.delta, compositions=compositions)
     event = P.GaussianEvent(noise_multiplier=sigma, compositions=compositions)
     ledger.check(stage, event)
@@ -179,15 +186,14 @@ def dp_marginals(df: pd.DataFrame, schema: TableSchema, *, epsilon: float, ledge
         counts = np.bincount(code[code >= 0], minlength=size).astype(float)
         entry["counts"] = np.maximum(counts + rng.normal(0.0, sigma, size=counts.shape), 0.0).tolist()
         out[col.name] = entry
-    if others:
-        y, n_y = codes[pairs_with]  # type: ignore[index]
+    if pairs:
         out["pairs"] = {}
-        for name in others:
-            x, n_x = codes[name]
-            ok = (x >= 0) & (y >= 0)
-            counts = np.bincount(x[ok] * n_y + y[ok], minlength=n_x * n_y).astype(float)
-            noisy = np.maximum(counts + rng.normal(0.0, sigma, size=counts.shape), 0.0)
-            out["pairs"][f"{name}|{pairs_with}"] = {"columns": [name, pairs_with], "counts": noisy.tolist()}
+    for name, anchor in pairs:
+        (x, n_x), (y, n_y) = codes[name], codes[anchor]
+        ok = (x >= 0) & (y >= 0)
+        counts = np.bincount(x[ok] * n_y + y[ok], minlength=n_x * n_y).astype(float)
+        noisy = np.maximum(counts + rng.normal(0.0, sigma, size=counts.shape), 0.0)
+        out["pairs"][f"{name}|{anchor}"] = {"columns": [name, anchor], "counts": noisy.tolist()}
     ledger.record(stage, event, details={"columns": schema.names, "bins": bins, "sigma": sigma,
-                                         **({"pairs_with": pairs_with} if others else {})})
+                                         **({"pairs_with": anchors, "pairs": len(pairs)} if pairs else {})})
     return out

@@ -72,6 +72,9 @@ def public_schema(cfg: DpFairConfig) -> TableSchema:
             raise ConfigError(f"fairness: sensitive attribute '{a}' must be a categorical column")
     if cfg.generation.calibrate.pairs_with_target and schema.target is None:
         raise ConfigError(f"{cfg.schema_path}: generation.calibrate.pairs_with_target needs a target in the schema")
+    if cfg.generation.calibrate.pairs_with_sensitive and not _pair_attributes(cfg, schema):
+        raise ConfigError(f"{cfg.schema_path}: generation.calibrate.pairs_with_sensitive needs a sensitive attribute "
+                          "among the run's columns")
     if cfg.generation.calibrate.labels == "dp_tables" and len(schema.column(schema.target).categories or []) != 2:
         raise ConfigError(f"{cfg.schema_path}: generation.calibrate.labels 'dp_tables' needs a binary target; "
                           f"'{schema.target}' is not")
@@ -149,6 +152,13 @@ def stage_fair_stats(cfg: DpFairConfig, root: str) -> dict:
     return {"sensitive": attributes}
 
 
+def _pair_attributes(cfg: DpFairConfig, schema: TableSchema) -> list[str]:
+    """The sensitive attributes whose 2-way tables ``calibrate.pairs_with_sensitive`` releases: those fair
+    generation enforces, else the schema's (categorical ones among the run's columns)."""
+    fair = cfg.generation.fairness
+    names = fair.attributes(schema.sensitive) if fair.enabled else list(schema.sensitive)
+    return [a for a in names if a in schema.names and schema.column(a).is_categorical and a != schema.target]
+
 def stage_marginals(cfg: DpFairConfig, root: str) -> dict:
     """DP 1-way marginals of every column: stage 1's rows (``public_stage.rows_from: dp_marginals``) and
     the targets of ``generation.calibrate``."""
@@ -158,7 +168,8 @@ def stage_marginals(cfg: DpFairConfig, root: str) -> dict:
     schema = resolved_schema(run)
     private = private_data.load_private(cfg, run, schema)
     cal = cfg.generation.calibrate
-    pairs_with = schema.target if cal.enabled and cal.pairs_with_target else None
+    pairs_with = ([schema.target] if cal.enabled and cal.pairs_with_target else []) + \
+        (_pair_attributes(cfg, schema) if cal.enabled and cal.pairs_with_sensitive else [])
     marginals = dp_marginals(private, schema, epsilon=cfg.epsilon * cfg.budget.marginals, ledger=_ledger(run),
                              bins=cfg.training.public_stage.marginal_bins, pairs_with=pairs_with)
     atomic_write_text(run / MARGINALS_FILE, json.dumps(marginals, indent=1))
