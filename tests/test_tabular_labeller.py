@@ -66,6 +66,55 @@ def test_rank_labels_take_the_rate_of_each_group_from_the_top():
     assert not rank_labels(scores, 0.0).any() and rank_labels(scores, 1.0).all()
 
 
+def test_weighted_rank_labels_cut_where_the_weighted_group_reaches_the_rate():
+    scores = np.array([5.0, 4.0, 3.0, 2.0, 1.0])
+    assert rank_labels(scores, 0.25).sum() == 1  # round(1.25)
+    heavy_tail = np.array([1.0, 1.0, 1.0, 1.0, 4.0])  # weight 8: the top two rows are a quarter of it
+    assert rank_labels(scores, 0.25, weights=heavy_tail).tolist() == [True, True, False, False, False]
+    heavy_top = np.array([4.0, 1.0, 1.0, 1.0, 1.0])  # the top row alone is half
+    assert rank_labels(scores, 0.5, weights=heavy_top).tolist() == [True, False, False, False, False]
+    assert rank_labels(scores, 0.3, weights=heavy_top).tolist() == [True, False, False, False, False]  # 4 nearer 2.4 than 0
+    assert not rank_labels(scores, 0.1, weights=heavy_top).any()  # 0 nearer 0.8 than 4
+    assert rank_labels(scores, 1.0, weights=heavy_top).all()
+
+
+def test_label_cut_raked_takes_each_groups_rate_on_the_raked_pool(tmp_path, monkeypatch):
+    """calibrate.label_cut: raked — the pool (uniform ages, job independent of sex) is far from the DP
+    feature tables (few old people, who score high; men mostly executives): each sex's cut is taken where
+    the pool raked to those tables reaches the DP rate (0.25), not where the pool's own rows do."""
+    from dpsynth_core.tabular import calibrate, pipeline
+    from dpsynth_core.tabular.config import DpFairConfig
+
+    release = json.loads(json.dumps(DP))
+    release["pairs"]["job|sex"] = {"columns": ["job", "sex"], "counts": [290.0, 410.0, 40.0, 260.0]}  # (clerk, exec) x (F, M)
+    (tmp_path / pipeline.MARGINALS_FILE).write_text(json.dumps(release))
+    pool = _rows(900, seed=3)
+    features = calibrate.margins_from_dp(release, SCHEMA)[:3] + calibrate.pair_margins_from_dp(release, SCHEMA, skip=("sex",))[2:]
+    assert [m.name for m in features] == ["age", "job", "sex", "job|sex"]
+    weights, _ = calibrate.rake(pool, features)
+    relabelled = {}
+    real_calibrate_rows = calibrate.calibrate_rows
+
+    def keep_pool(frame, *args, **kw):  # the pool as relabelled, before raking and selection
+        relabelled[cut] = frame["income"].eq(">50K").to_numpy()
+        return real_calibrate_rows(frame, *args, **kw)
+
+    monkeypatch.setattr(calibrate, "calibrate_rows", keep_pool)
+    for cut in ("pool", "raked"):
+        cfg = DpFairConfig.model_validate({
+            "name": "t", "output_dir": str(tmp_path), "epsilon": 1.0, "budget": {"marginals": 0.2},
+            "fairness": {"sensitive": "sex"}, "generation": {
+                "num_rows": 200, "fairness": {"enabled": True, "sensitive": "sex"},
+                "calibrate": {"enabled": True, "pairs_with_target": True, "pairs_with_sensitive": True,
+                              "labels": "dp_tables", "label_cut": cut}}})
+        pipeline._calibrate(cfg, tmp_path, SCHEMA, pool)
+    men = pool["sex"].eq("M").to_numpy()
+    assert relabelled["raked"][men].sum() > relabelled["pool"][men].sum() + 50  # 192 vs 107 of 447 men: down-weighted old rows
+    for group in (men, ~men):
+        assert abs(weights[group & relabelled["raked"]].sum() / weights[group].sum() - 0.25) < 0.02
+        assert abs(relabelled["pool"][group].mean() - 0.25) < 0.01  # the pool's cut: the rate of its own rows
+
+
 def test_relabelled_rows_carry_the_released_dependence_at_the_dp_rate():
     rows = _rows()
     out = relabel_from_dp_tables(rows, DP, "income", ">50K")

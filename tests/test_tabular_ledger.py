@@ -212,6 +212,8 @@ def test_pipeline_ledger_composes_within_epsilon(finished_run):
     assert cal["pool_rows"] == gen["attempted"] - gen["rejected"] == 32 and cal["rows"] == gen["rows"] == 16
     assert cal["tvd_to_dp_weighted"] <= cal["tvd_to_dp_pool"] + 1e-9
     assert len(pd.read_csv(run / "synthetic.csv")) == 16
+    assert len(pd.read_csv(run / "generated_pool.csv")) == 32  # the pool, kept to re-calibrate without generating
+    assert not (run / "release" / "generated_pool.csv").exists()
     ev_sum = json.loads((run / "stages" / "evaluate.done").read_text())
     for k in ("acc_lr", "f1_gb", "dp_diff_lr", "eo_diff_gb", "tvd_1way", "tvd_2way", "mia_auc",
               "dp_diff_lr_race", "eo_diff_gb_race", "aia_advantage_race"):
@@ -252,7 +254,9 @@ def test_one_release_and_one_ledger_per_run_directory(finished_run):
     run, _, _ = finished_run
     assert [p.relative_to(run) for p in run.rglob("ledger.sqlite")] == [Path("ledger.sqlite")]
     tables = sorted(str(p.relative_to(run)) for p in run.rglob("*.csv"))
-    assert tables == ["release/synthetic.csv", "synthetic.csv"]  # one table, and its copy in release/
+    # one table and its copy in release/; beside it the generated pool it was calibrated from (post-processing
+    # of the same DP generator, not a second release)
+    assert tables == ["generated_pool.csv", "release/synthetic.csv", "synthetic.csv"]
     manifest = json.loads((run / "release" / "MANIFEST.json").read_text())
     assert manifest["method"] == "dpfairllm" and manifest["epsilon"] == PrivacyLedger.open(run).total_epsilon()
     assert not (run / "baseline_aim").exists()

@@ -96,6 +96,10 @@ class CalibrationSettings(StrictConfig):
     # dp_tables: rank score + label_temperature x logistic noise (0: the plain ranking; larger: labels less
     # tied to the features, fairness gaps and F1 both lower)
     label_temperature: float = Field(0.0, ge=0, le=100)
+    # dp_tables: where each group's cut is taken: the pool as generated, or the pool raked to the DP
+    # feature tables (1-way, and (column, A) with pairs_with_sensitive), i.e. where the data's rows of that
+    # group would reach the rate
+    label_cut: Literal["pool", "raked"] = "pool"
 
     @model_validator(mode="after")
     def _labels_need_pairs(self):

@@ -56,29 +56,43 @@ def naive_bayes_log_odds(frame: pd.DataFrame, marginals: dict, target: str, posi
     return out
 
 
-def rank_labels(scores: np.ndarray, rate: float | dict[str, float], groups: np.ndarray | None = None) -> np.ndarray:
-    """True for the round(rate x n) highest-scoring rows of each group (one group if ``groups`` is None);
-    ``rate`` per group value when a dict (a group it does not name gets its mean)."""
+def rank_labels(scores: np.ndarray, rate: float | dict[str, float], groups: np.ndarray | None = None,
+                weights: np.ndarray | None = None) -> np.ndarray:
+    """True for the highest-scoring rows of each group (one group if ``groups`` is None) up to ``rate`` of
+    the group: round(rate x n) rows, or with ``weights`` the rows whose cumulative weight stays within
+    rate x the group's weight (the cut where the weighted group reaches the rate). ``rate`` per group
+    value when a dict (a group it does not name gets its mean)."""
     keys = np.zeros(len(scores), dtype=object) if groups is None else np.asarray(groups, dtype=object)
     positive = np.zeros(len(scores), dtype=bool)
     for key in pd.unique(keys):
         idx = np.flatnonzero(keys == key)
         r = rate.get(str(key), float(np.mean(list(rate.values())))) if isinstance(rate, dict) else rate
-        take = int(round(min(max(r, 0.0), 1.0) * len(idx)))
-        positive[idx[np.argsort(-scores[idx], kind="stable")[:take]]] = True
+        r = min(max(r, 0.0), 1.0)
+        order = idx[np.argsort(-scores[idx], kind="stable")]
+        if weights is None:
+            take = int(round(r * len(idx)))
+        else:  # the first rows whose weight reaches r of the group's, the boundary row where it is nearer
+            cum = np.cumsum(weights[order])
+            goal = r * cum[-1]
+            take = int(np.searchsorted(cum, goal, side="left"))
+            if take < len(order) and cum[take] - goal < goal - (cum[take - 1] if take else 0.0):
+                take += 1
+        positive[order[:take]] = True
     return positive
 
 
 def relabel_from_dp_tables(frame: pd.DataFrame, marginals: dict, target: str, positive: str, *,
                            skip: tuple[str, ...] = (), group_by: tuple[str, ...] = (),
                            rates: dict[str, float] | None = None, temperature: float = 0.0,
-                           seed: int = 0) -> pd.DataFrame:
+                           seed: int = 0, weights: np.ndarray | None = None) -> pd.DataFrame:
     """``frame`` with its target column replaced (see the module docstring). ``group_by``: columns whose
     value combinations are ranked separately; ``rates``: the positive share per value of a single
     ``group_by`` column (default for every group: the DP marginal P(Y = pos)). ``temperature`` > 0 ranks
     score + temperature x logistic noise instead (the same rates, a weaker tie of label to features: less
     for a downstream model to learn about the sensitive attribute's proxies); ``seed``: that noise
-    (post-processing of DP outputs, so a config seed)."""
+    (post-processing of DP outputs, so a config seed). ``weights``: each group's cut is taken on the rows
+    weighted so (raking weights to the DP feature tables: the cut where the data's rows of the group would
+    reach the rate, not the generator's)."""
     labels = _binary_labels(marginals, target)
     counts = np.maximum(np.asarray(marginals[target]["counts"], float), 0.0)
     overall = float(counts[labels.index(positive)] / counts.sum()) if counts.sum() > 0 else 0.5
@@ -89,7 +103,7 @@ def relabel_from_dp_tables(frame: pd.DataFrame, marginals: dict, target: str, po
     if group_by:
         groups = frame[list(group_by)].astype(str).agg("\x1f".join, axis=1).to_numpy()
     rate: float | dict[str, float] = rates if (rates and len(group_by) == 1) else overall
-    is_pos = rank_labels(scores, rate, groups)
+    is_pos = rank_labels(scores, rate, groups, weights)
     out = frame.copy()
     out[target] = np.where(is_pos, positive, labels[1 - labels.index(positive)])
     return out

@@ -19,6 +19,7 @@ Stages (each leaves ``stages/<name>.done``; a rerun skips finished stages)::
                 constants renewed from rows the model generates)              -> train/ (adapter)
     generate    constrained, fairness-aware generation (post-processing); with generation.calibrate
                 a larger pool raked to the DP marginals                        -> synthetic.csv
+                                                                               (generated_pool.csv)
     evaluate    TSTR / TVD / fairness / DCR+MIA on real data (owner-side report, not a release)
     reference   the TSTR classifiers trained on the real sample (owner-side reference row)
     release     release/: synthetic.csv, the adapter, the DP schema and targets, the ledger
@@ -50,6 +51,7 @@ from dpsynth_core.tabular.schema import TableSchema, load_schema
 
 STAGES = ["prepare", "fair_stats", "marginals", "train", "generate", "evaluate", "reference", "release"]
 MARGINALS_FILE = "dp_marginals.json"
+POOL_FILE = "generated_pool.csv"  # generation.calibrate: every generated row, before raking and selection
 EXECUTION_ONLY = ("use_ray", "resources")  # config keys that change how a run executes, not its outputs
 
 Runner = Callable[..., dict]
@@ -282,6 +284,9 @@ def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path, base_model: str)
     if g.calibrate.enabled:  # a larger pool, raked to the DP marginals, num_rows of it released
         pool_rows = math.ceil(g.num_rows * g.calibrate.pool_factor)
         gen = generate_rows(model, tok, ser, g.model_copy(update={"num_rows": pool_rows}))
+        # kept beside the release (generated rows: post-processing, no private row) so calibration
+        # settings can be compared without generating again
+        _write_csv(gen.frame, run / POOL_FILE)
         calibration = _calibrate(cfg, run, ser.schema, gen.frame)
         frame = calibration.frame
     else:
@@ -296,7 +301,7 @@ def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path, base_model: str)
 
 def _calibrate(cfg: DpFairConfig, run: Path, schema: TableSchema, pool: pd.DataFrame):
     """Rake the generated pool to the run's DP marginals (and, for fair generation, to demographic parity)."""
-    from dpsynth_core.tabular.calibrate import calibrate_rows, fairness_margins, margins_from_dp, pair_margins_from_dp
+    from dpsynth_core.tabular.calibrate import calibrate_rows, fairness_margins, margins_from_dp, pair_margins_from_dp, rake
 
     g = cfg.generation
     marginals = json.loads((run / MARGINALS_FILE).read_text())
@@ -311,9 +316,12 @@ def _calibrate(cfg: DpFairConfig, run: Path, schema: TableSchema, pool: pd.DataF
         from dpsynth_core.tabular.labeller import relabel_from_dp_tables
 
         single = parity[0] if len(parity) == 1 else None
+        weights = None
+        if g.calibrate.label_cut == "raked":  # the feature tables only: the label is what is being set
+            weights, _ = rake(pool, [m for m in margins if schema.target not in m.columns], max_weight=g.calibrate.max_weight)
         pool = relabel_from_dp_tables(pool, marginals, schema.target, schema.positive(), skip=tuple(parity),
                                       group_by=tuple(parity), rates=fair.targets_for(single, parity) if single else None,
-                                      temperature=g.calibrate.label_temperature, seed=g.seed)
+                                      temperature=g.calibrate.label_temperature, seed=g.seed, weights=weights)
     return calibrate_rows(pool, margins, g.num_rows, seed=g.seed, max_weight=g.calibrate.max_weight,
                           select=g.calibrate.select)
 
