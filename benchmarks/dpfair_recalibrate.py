@@ -6,7 +6,9 @@
 
 A DPFairLLM run with ``generation.calibrate`` keeps every generated row in ``generated_pool.csv``. For each
 run and each variant (``name:field=value,field=value`` over ``CalibrationSettings``' fields, plus
-``drop_sensitive_pairs=true``: the run's DP (column, A) tables left out of the release it reads), this
+``drop_sensitive_pairs=true``: the run's DP (column, A) tables left out of the release it reads;
+``rate_mix=m``: fair generation's target rates set to (1 - m) x P(Y = pos) + m x P(Y = pos | A = a) from
+the run's DP (A, target) table, 0 = parity), this
 re-applies the pipeline's own calibration (``tabular.pipeline._calibrate``) to that pool and the run's
 ``dp_marginals.json``, then evaluates the released rows as the run's ``evaluate`` stage does (TSTR on the
 real test rows, 1- and 2-way TVD against the working set; no DCR/MIA). The release a variant reads is the
@@ -42,6 +44,18 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, fields
 
 
+def _mixed_rates(marginals: dict, schema, attribute: str, mix: float) -> dict[str, float]:
+    """Per group of ``attribute``: (1 - mix) x DP P(Y = pos) + mix x DP P(Y = pos | A = a), from the run's
+    DP (A, target) table (``pairs_with_target``)."""
+    target, positive = schema.target, schema.positive()
+    labels = [str(v) for v in marginals[target]["values"]]
+    table = np.maximum(np.asarray(marginals["pairs"][f"{attribute}|{target}"]["counts"], float), 0).reshape(-1, len(labels))
+    pos = labels.index(positive)
+    overall = table[:, pos].sum() / table.sum()
+    groups = [str(v) for v in marginals[attribute]["values"]]
+    return {g: float((1 - mix) * overall + mix * row[pos] / max(row.sum(), 1e-9)) for g, row in zip(groups, table)}
+
+
 def recalibrate(run: Path, fields: dict) -> dict:
     from dpsynth_core.tabular import pipeline, private_data
     from dpsynth_core.tabular.config import load_dpfair_config
@@ -61,8 +75,12 @@ def recalibrate(run: Path, fields: dict) -> dict:
                               if v["columns"][1] not in sensitive}
         fields.setdefault("pairs_with_sensitive", False)
     g = cfg.generation
+    fair = g.fairness
+    mix = fields.pop("rate_mix", None)
+    if mix is not None:  # target rates between parity (0) and the DP table's P(Y = pos | A = a) (1)
+        fair = fair.model_copy(update={"target_rates": _mixed_rates(marginals, schema, fair.attributes(schema.sensitive)[0], mix)})
     cal = g.calibrate.model_copy(update=fields)
-    cfg = cfg.model_copy(update={"generation": g.model_copy(update={"calibrate": cal})})
+    cfg = cfg.model_copy(update={"generation": g.model_copy(update={"calibrate": cal, "fairness": fair})})
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / pipeline.MARGINALS_FILE).write_text(json.dumps(marginals))
         released = pipeline._calibrate(cfg, Path(tmp), schema, pool).frame
