@@ -249,6 +249,20 @@ def test_marginals_stage_releases_the_pairs_the_config_asks_in_one_entry(finishe
     assert entry.stage == "dp_marginals" and entry.event().compositions == 18
     assert entry.epsilon <= 3.0 * 0.1 + 1e-6
 
+def test_recalibrating_the_kept_pool_reproduces_the_run(finished_run):
+    """benchmarks/dpfair_recalibrate.py re-applies the run's own calibration to generated_pool.csv: the
+    released rows, evaluated as the evaluate stage does, give the run's own figures (so its variants
+    measure what a run with those settings would release from the same pool)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from dpfair_recalibrate import parse_variant, recalibrate
+
+    run, _, _ = finished_run
+    ev = json.loads((run / "stages" / "evaluate.done").read_text())
+    again = recalibrate(run, {})
+    for key in ("acc_lr", "f1_lr", "dp_diff_lr", "eo_diff_lr", "f1_gb", "tvd_1way", "tvd_2way"):
+        assert again[key] == pytest.approx(ev[key]), key
+    assert parse_variant("cut:label_cut=raked,label_temperature=1.5") == ("cut", {"label_cut": "raked", "label_temperature": 1.5})
+
 def test_one_release_and_one_ledger_per_run_directory(finished_run):
     """Issue 12, Major 7: the AIM baseline is no longer a second full-epsilon release inside the run."""
     run, _, _ = finished_run
