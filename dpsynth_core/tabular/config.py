@@ -78,8 +78,8 @@ class CalibrationSettings(StrictConfig):
     (the (A, Y) pair of an attribute raked to parity is left out). ``pairs_with_sensitive``: also each
     sensitive attribute's 2-way table with every other feature (one more composition per table), raked
     to: the released rows then keep the data's tie between A and its proxies (marital status, hours),
-    so labels ranked within each group (``labels: dp_tables``) make a downstream model offset the
-    proxies instead of reading A back from them."""
+    so labels ranked within each group (``labels: dp_tables``) give a downstream model a reason to
+    offset the proxies (on Adult the tables' own noise cost about what they gained: docs/guides/dpfair.md)."""
 
     enabled: bool = False
     pool_factor: float = Field(3.0, ge=1, le=20)
