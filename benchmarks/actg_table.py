@@ -55,6 +55,10 @@ SCALES = {
                  max_chars=500, lr=0.003, engine="vllm",
                  lora={"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}, feature_lm_seq=96),
 }
+# The same, with the issue's >= 300 evaluation texts per system (360 feature rows: 30 anchors / 30 RL prompts /
+# 300 evaluation) read against 300 held-out real texts, so the judge is fitted on three times the labeled rows.
+SCALES["vllm300"] = {**SCALES["vllm"], "n_eval": 300, "n_synthetic": 360, "anchor_share": 1 / 12,
+                     "rl_share": 1 / 12}
 
 ROWS = ["vanilla DP-FT", "ACTG", "ACTG-ARL", "RL without anchor", "AIM -> DP-FT features", "direct prompting",
         "eps = inf (not private)"]

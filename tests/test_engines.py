@@ -50,6 +50,15 @@ def check_n_samples(engine) -> None:
     assert engine.generate(PROMPTS, params) == batch.texts  # a post-processing seed reproduces
 
 
+def test_lora_mode_auto_merges_on_cpu_and_keeps_lora_kernels_on_gpu() -> None:
+    assert EngineConfig().lora_mode == "auto"
+    assert EngineConfig().lora_mode_on("cpu") == "merged" and EngineConfig().lora_mode_on("cuda") == "lora"
+    assert EngineConfig(lora_mode="lora").lora_mode_on("cpu") == "lora"
+    assert EngineConfig(lora_mode="merged").lora_mode_on("cuda") == "merged"
+    with pytest.raises(ValidationError):
+        EngineConfig(lora_mode="fused")
+
+
 def test_cut_at_stop_takes_the_earliest_stop() -> None:
     assert cut_at_stop("a. b\n\nc", [".", "\n\n"]) == "a"
     assert cut_at_stop("abc", ["x"]) == "abc"
@@ -170,6 +179,20 @@ def test_vllm_with_dp_adapter_matches_hf_greedy(vllm_fp32, smollm2_adapter) -> N
         base_texts = base.generate(SHORT_PROMPTS, greedy)
     assert hf_texts != base_texts  # the adapter matters, so agreement below is not the base model's
     assert vllm_fp32.generate(SHORT_PROMPTS, greedy) == hf_texts
+
+
+def test_vllm_lora_kernels_match_the_merged_copy(vllm_fp32) -> None:
+    """On CPU ``lora_mode: auto`` serves a merged copy (the fixture); vLLM's LoRA path decodes the same tokens,
+    and the merged copy is the engine's own, gone when it closes."""
+    assert vllm_fp32.lora is None and Path(vllm_fp32._merged.name, "model", "config.json").is_file()
+    greedy = SamplingParams(max_new_tokens=12, temperature=0)
+    with load_engine(vllm_fp32.config.model_copy(update={"lora_mode": "lora"})) as lora:
+        assert lora.lora is not None and lora._merged is None
+        assert lora.generate(SHORT_PROMPTS, greedy) == vllm_fp32.generate(SHORT_PROMPTS, greedy)
+    with load_engine(vllm_fp32.config) as merged:
+        copy = Path(merged._merged.name)
+        assert copy.is_dir()
+    assert not copy.exists()
 
 
 def test_vllm_samples_n_per_prompt_and_stops(vllm_fp32) -> None:

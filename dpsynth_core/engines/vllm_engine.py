@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 from dpsynth_core.engines.adapters import adapter_kind, lora_rank, merge_adapter
 from dpsynth_core.engines.base import GenerationBatch, TextEngine, cut_at_stop
 from dpsynth_core.engines.config import EngineConfig, SamplingParams
+from dpsynth_core.engines.factory import vllm_device
 from dpsynth_core.engines.vllm_cpu import cpu_dtype, cpu_engine_env
 from dpsynth_core.privacy.randomness import secret_seed
 
@@ -57,13 +59,17 @@ class VLLMEngine(TextEngine):
         model_dir = resolve_model_dir(config.model)
         self.tokenizer = load_tokenizer(config.model)
         self.lora = None
+        self._merged: tempfile.TemporaryDirectory | None = None
         kwargs: dict = {}
         if config.adapter_dir is not None:
             kind = adapter_kind(config.adapter_dir)
             if kind == "merged":
                 model_dir = Path(config.adapter_dir)
-            elif config.lora_mode == "merged":
-                model_dir = merge_adapter(config.model, config.adapter_dir, merged_dir(config.model, config.adapter_dir))
+            elif config.lora_mode_on(vllm_device()) == "merged":
+                # this engine's own copy, removed on close: every DP run trains a new adapter, so a shared
+                # cache of merged weights would only grow
+                self._merged = tempfile.TemporaryDirectory(prefix="dpsynth-merged-")
+                model_dir = merge_adapter(config.model, config.adapter_dir, Path(self._merged.name) / "model")
             else:
                 from vllm.lora.request import LoRARequest
 
@@ -140,3 +146,6 @@ class VLLMEngine(TextEngine):
             if engine_core is not None and hasattr(engine_core, "shutdown"):
                 engine_core.shutdown()
             del llm
+        merged, self._merged = getattr(self, "_merged", None), None
+        if merged is not None:
+            merged.cleanup()
