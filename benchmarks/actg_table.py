@@ -19,7 +19,8 @@ Every row: the same base model, data, held-out real texts, seed.
 
 Columns: MAUVE (texts and k-means buckets stated), IFAcc by the judge (TF-IDF classifier on held-out
 labeled real texts, not the reward) and by the reward, d_JS^f (1-way, base e: judge-read attributes of
-the texts vs the oracle attributes of the held-out real texts), downstream macro-F1 (train on
+the texts vs the oracle attributes of the held-out real texts; and with the judge reading both sides,
+the real texts out of fold: evaluation.cross_fitted_reading), downstream macro-F1 (train on
 synthetic, test on held-out real, label primary_research_area). mean +- sd over seeds.
 """
 
@@ -94,7 +95,7 @@ def _row(system: dict) -> dict:
                 "sd_over_kmeans_seeds"),
             "ifacc_judge": system.get("ifacc_judge"), "ifacc_reward": system.get("ifacc_reward"),
             "djs_f": system.get("djs_text", {}).get("1way_mean"), "djs_f_2way": system.get("djs_text", {}).get(
-                "2way_mean"),
+                "2way_mean"), "djs_f_same_reader": system.get("djs_text_same_reader", {}).get("1way_mean"),
             "f1": system.get("downstream", {}).get("macro_f1"), "n_texts": system["n_texts"],
             "mauve_buckets": system.get("mauve", {}).get("num_buckets"),
             "distinct_2": system["stats"].get("distinct_2")}
@@ -109,8 +110,9 @@ def _run(raw: dict) -> dict:
 
 
 def _rerun_copy(source: Path, dest: Path, raw: dict, stages: tuple[str, ...]) -> dict:
-    """Copy a finished run's DP artifacts, drop ``stages``' outputs and markers, run them with ``raw``."""
-    if not (dest / "metrics.json").is_file():
+    """Copy a finished run's DP artifacts, drop ``stages``' outputs and markers, run them with ``raw`` (a copy
+    that has started, i.e. has its config, resumes instead)."""
+    if not (dest / "config.yaml").is_file():
         shutil.rmtree(dest, ignore_errors=True)
         shutil.copytree(source, dest, ignore=shutil.ignore_patterns("rl", "release", "plots", "metrics.json", ".lock",
                                                                     "synthetic.jsonl", "config.yaml"))
@@ -174,7 +176,7 @@ def real_text_reference(scale: dict, run_dir: Path, repeats: int = 3) -> dict:
     ceiling a perfect generator could reach under this judge; its d_JS^f the floor. Owner-side, like
     every evaluation here (the held-out texts are outside the DP guarantee)."""
     from dpsynth_core.actg.data_split import load_private_split
-    from dpsynth_core.actg.evaluation import djs
+    from dpsynth_core.actg.evaluation import cross_fitted_reading, djs
     from dpsynth_core.actg.extractors import ifacc_scores
     from dpsynth_core.actg.pipeline import ActgConfig, _schema
     from dpsynth_core.actg.supervised import SupervisedExtractor, columns_attributes
@@ -184,7 +186,7 @@ def real_text_reference(scale: dict, run_dir: Path, repeats: int = 3) -> dict:
     held = load_private_split(cfg).held_out
     texts = [str(t)[: cfg.data.max_chars] for t in held[cfg.data.text_col]]
     rows = columns_attributes(held, schema)
-    ifacc, djs1 = [], []
+    ifacc, djs1, same = [], [], []
     for r in range(repeats):
         order = np.random.default_rng(r).permutation(len(texts))  # evaluation split only: not DP randomness
         halves = order[: len(order) // 2], order[len(order) // 2:]
@@ -193,8 +195,11 @@ def real_text_reference(scale: dict, run_dir: Path, repeats: int = 3) -> dict:
             judged = judge.extract([texts[i] for i in read])
             ifacc.append(float(np.mean(ifacc_scores(judged, [rows[i] for i in read], schema.field_names))))
             djs1.append(djs([rows[i] for i in fit], judged, schema.categories())["1way_mean"])
+            fit_read = cross_fitted_reading([texts[i] for i in fit], [rows[i] for i in fit], schema)
+            same.append(djs(fit_read, judged, schema.categories())["1way_mean"])
     return {"ifacc_judge": (float(np.mean(ifacc)), float(np.std(ifacc))),
-            "djs_f": (float(np.mean(djs1)), float(np.std(djs1))), "n_texts": len(texts) // 2}
+            "djs_f": (float(np.mean(djs1)), float(np.std(djs1))),
+            "djs_f_same_reader": (float(np.mean(same)), float(np.std(same))), "n_texts": len(texts) // 2}
 
 
 def _fmt(values: list) -> str:
@@ -206,7 +211,8 @@ def _fmt(values: list) -> str:
 
 def table(per_seed: list[dict]) -> str:
     cols = [("MAUVE", "mauve"), ("IFAcc (judge)", "ifacc_judge"), ("IFAcc (reward)", "ifacc_reward"),
-            ("d_JS^f 1-way", "djs_f"), ("d_JS^f 2-way", "djs_f_2way"), ("downstream macro-F1", "f1")]
+            ("d_JS^f 1-way", "djs_f"), ("d_JS^f 2-way", "djs_f_2way"),
+            ("d_JS^f 1-way, judge on both sides", "djs_f_same_reader"), ("downstream macro-F1", "f1")]
     lines = ["| method | " + " | ".join(c for c, _ in cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for row in ROWS:
         if any(row in s for s in per_seed):
@@ -222,7 +228,8 @@ def plot(per_seed: list[dict], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     keys = [("mauve", "MAUVE"), ("ifacc_judge", "IFAcc (judge)"), ("ifacc_reward", "IFAcc (reward)"),
-            ("djs_f", "d_JS^f (1-way, base e)"), ("f1", "downstream macro-F1")]
+            ("djs_f", "d_JS^f (1-way, base e)"), ("djs_f_same_reader", "d_JS^f, judge on both sides"),
+            ("f1", "downstream macro-F1")]
     fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 4))
     for ax, (k, title) in zip(axes, keys):
         means, sds = [], []
@@ -247,8 +254,16 @@ def main() -> None:
     ap.add_argument("--rows", nargs="+", choices=ROWS, default=ROWS, help="rows to run (default: all)")
     ap.add_argument("--real-reference", action="store_true",
                     help="only the judge on real held-out texts (2-fold): IFAcc ceiling and d_JS^f floor")
+    ap.add_argument("--reevaluate", action="store_true",
+                    help="run the evaluate stage again on the seeds' finished runs (after a metric was added)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.reevaluate:
+        for seed in args.seeds:
+            for run in [*args.out.glob(f"*_s{seed}/stages/evaluate.done"),
+                        *args.out.glob(f"*_s{seed}_*/stages/evaluate.done")]:
+                run.unlink()
+                (run.parent.parent / "metrics.json").unlink(missing_ok=True)
     scale = SCALES[args.scale]
     if args.real_reference:
         print(json.dumps(real_text_reference(scale, args.out / f"actg_s{args.seeds[0]}")))

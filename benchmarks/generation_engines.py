@@ -2,7 +2,7 @@
 
     .venv-vllm/bin/python benchmarks/generation_engines.py \
         [--models smollm2-135m-instruct gemma3-270m] [--prompts 32 128] [--new-tokens 64] \
-        [--backends hf vllm] [--hf-batch-size 32] [--kv-cache-gib 4] [--two-plms] [--json out.json]
+        [--backends hf vllm] [--hf-batch-size 32] [--kv-cache-gib 4] [--two-plms | --lora-modes] [--json out.json]
 
 For each model: load each engine, one small warm-up call, then ``--prompts`` prompts submitted
 at once, each asking for ``--new-tokens`` sampled tokens (temperature 1). Reported: engine load time, generated tokens/s
@@ -14,6 +14,10 @@ project's float32, vLLM in dtype auto (dpsynth_core.engines.vllm_cpu: float32 on
 ``--two-plms``: loads both models in vLLM in one process (as WASP / Aug-PE with two PLMs would),
 each with ``--kv-cache-gib`` of KV cache, runs ``--prompts`` prompts through each, and reports the
 peak resident memory of this process and the engine processes it started.
+
+``--lora-modes``: vLLM with a LoRA adapter on the first model (r 8 on q_proj/v_proj, the DP-SGD adapter's
+shape, random weights), served through vLLM's LoRA kernels and as a merged copy (``EngineConfig.lora_mode``),
+both loaded at once, the order alternating; the table's last column is merged/LoRA tokens/s.
 
 In-process; the same comparison through Ray Serve over HTTP is benchmarks/serve_engines.py.
 Both backends of a model are loaded at once and each prompt count runs on both, the order
@@ -102,7 +106,7 @@ def sampling(args, chat: bool):
     return SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, top_p=1.0, seed=0, chat=chat)
 
 
-def measure(engine, model: str, count: int, args, load_s: float) -> dict:
+def measure(engine, model: str, count: int, args, load_s: float, label: str | None = None) -> dict:
     chat = "instruct" in model
     start = time.perf_counter()
     batch = engine.run(make_prompts(count), sampling(args, chat))
@@ -110,7 +114,7 @@ def measure(engine, model: str, count: int, args, load_s: float) -> dict:
     # re-encoded texts, the same count for both backends (HF's engine can only count this way)
     tokens = sum(len(engine.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in batch.texts)
     row = {
-        "model": model, "backend": engine.backend, "prompts": count, "load_s": round(load_s, 1),
+        "model": model, "backend": label or engine.backend, "prompts": count, "load_s": round(load_s, 1),
         "wall_s": round(wall, 1), "tokens": tokens, "tokens_per_s": round(tokens / wall, 1),
         "p50_s": round(percentile(batch.latencies_s, 0.5), 1),
         "p99_s": round(percentile(batch.latencies_s, 0.99), 1), "load_avg": load_average(),
@@ -159,6 +163,56 @@ def two_plms(args) -> dict:
             "rss_after_load_gib": round(loaded, 2), "peak_rss_gib": round(memory.peak, 2)}
 
 
+def random_adapter(model: str, out: str) -> str:
+    """A LoRA adapter in the DP-SGD adapter's shape with random B (peft's default B = 0 is the base model)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from dpsynth_core.models import load_causal_lm
+
+    base, _ = load_causal_lm(model)
+    torch.manual_seed(0)  # benchmark weights, not DP randomness
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    get_peft_model(base, config).save_pretrained(out)
+    return out
+
+
+def lora_modes(args) -> list[dict]:
+    import tempfile
+
+    from dpsynth_core.engines import load_engine
+
+    model = args.models[0]
+    engines, load_s = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        adapter = random_adapter(model, tmp)
+        try:
+            for mode in ("lora", "merged"):
+                config = engine_config(model, "vllm", args).model_copy(update={"adapter_dir": adapter, "lora_mode": mode})
+                start = time.perf_counter()
+                engines[mode] = load_engine(config)
+                load_s[mode] = time.perf_counter() - start
+                engines[mode].run(make_prompts(2), sampling(args, "instruct" in model))
+            rows = []
+            for i, count in enumerate(args.prompts):
+                for mode in ("lora", "merged") if i % 2 == 0 else ("merged", "lora"):
+                    rows.append(measure(engines[mode], model, count, args, load_s[mode], f"vllm {mode}"))
+            return rows
+        finally:
+            for engine in engines.values():
+                engine.close()
+
+
+def lora_table(rows: list[dict]) -> str:
+    lines = ["| model | serving | prompts | load s | wall s | tokens | tokens/s | merged/LoRA |", "|---" * 8 + "|"]
+    lora = {r["prompts"]: r["tokens_per_s"] for r in rows if r["backend"] == "vllm lora"}
+    for r in rows:
+        ratio = f"{r['tokens_per_s'] / lora[r['prompts']]:.1f}x" if r["backend"] == "vllm merged" else ""
+        lines.append(f"| {r['model']} | {r['backend']} | {r['prompts']} | {r['load_s']} | {r['wall_s']} | "
+                     f"{r['tokens']} | {r['tokens_per_s']} | {ratio} |")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| model | backend | prompts | load s | wall s | tokens | tokens/s | p50 s | p99 s | vLLM/HF |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -181,6 +235,8 @@ def main() -> None:
     parser.add_argument("--kv-cache-gib", type=float, default=4.0)
     parser.add_argument("--max-model-len", type=int, default=512)
     parser.add_argument("--two-plms", action="store_true", help="only the two-PLM memory measurement")
+    parser.add_argument("--lora-modes", action="store_true",
+                        help="only vLLM with a LoRA adapter: LoRA kernels vs a merged copy")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
 
@@ -188,6 +244,9 @@ def main() -> None:
     if args.two_plms:
         result = two_plms(args)
         print(json.dumps(result))
+    elif args.lora_modes:
+        result = lora_modes(args)
+        print(lora_table(result))
     else:
         result = [row for model in args.models for row in bench_model(model, args)]
         print(table(result))

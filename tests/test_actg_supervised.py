@@ -122,6 +122,37 @@ def test_judge_is_not_the_reward_and_catches_reward_hacking(biorxiv, schema):
     assert 0.0 <= honest["djs_text"]["1way_mean"] <= math.sqrt(math.log(2))
 
 
+def test_same_reader_djs_reads_each_real_text_with_a_judge_not_fitted_on_it(biorxiv, schema, monkeypatch):
+    """The real side of ``djs_text_same_reader`` is read out of fold (every text once, never by a judge
+    that saw it), and with the judge's bias on both sides real texts sit closer than against the oracle."""
+    from dpsynth_core.actg.evaluation import cross_fitted_reading, system_metrics
+    from dpsynth_core.actg.supervised import SupervisedExtractor, columns_attributes
+
+    train, test = biorxiv.iloc[:110], biorxiv.iloc[110:]
+    texts, rows = train["abstract"].tolist(), columns_attributes(train, schema)
+    fit, reads = SupervisedExtractor.fit.__func__, []
+
+    def recording_fit(cls, fit_texts, fit_rows, schema_, **kwargs):
+        judge, seen = fit(cls, fit_texts, fit_rows, schema_, **kwargs), set(fit_texts)
+        extract = judge.extract
+        judge.extract = lambda read: reads.append((seen, list(read))) or extract(read)
+        return judge
+
+    monkeypatch.setattr(SupervisedExtractor, "fit", classmethod(recording_fit))
+    real_read = cross_fitted_reading(texts, rows, schema, folds=5)
+    monkeypatch.undo()
+    assert len(reads) == 5 and all(not seen & set(read) for seen, read in reads)
+    assert sorted(t for _, read in reads for t in read) == sorted(texts)
+    assert len(real_read) == len(texts) and all(set(r) == set(schema.field_names) for r in real_read)
+
+    judge = SupervisedExtractor.fit(texts, rows, schema, features="tfidf")
+    honest = system_metrics(test["abstract"].tolist(), columns_attributes(test, schema), real_texts=texts,
+                            real_rows=rows, judge=judge, reward=KeywordReward(schema), emb=None,
+                            cats=schema.categories(), fields=schema.field_names, label_field="primary_research_area",
+                            mauve=False, classifier=False, real_read=real_read)
+    assert honest["djs_text_same_reader"]["1way_mean"] < honest["djs_text"]["1way_mean"]
+
+
 def test_pools_are_disjoint_and_cover_the_rows():
     from dpsynth_core.actg.pools import pool_labels, pool_sizes
 

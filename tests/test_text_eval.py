@@ -56,6 +56,32 @@ def test_mauve_separates_real_from_degenerate(corpus, embedder):
         te.mauve_score(a[:1], b, embedder=embedder)
 
 
+def test_mauve_on_few_texts_prints_no_faiss_notice_and_scores_as_mauve_does(capfd):
+    """faiss warns on the C stderr below 39 points per bucket (every MAUVE of a few hundred texts); the
+    quiet k-means gives the same score and leaves mauve's module as it was."""
+    import importlib
+
+    import faiss
+    import mauve
+
+    rng = np.random.default_rng(0)  # test vectors, not DP randomness
+    vectors = {f"t{i}": v for i, v in enumerate(rng.normal(size=(200, 16)).astype(np.float32))}
+
+    class Lookup:
+        def encode(self, texts, **kwargs):
+            return np.stack([vectors[t] for t in texts])
+
+    real, synth = [f"t{i}" for i in range(100)], [f"t{i}" for i in range(100, 200)]
+    capfd.readouterr()
+    quiet = te.mauve_score(real, synth, embedder=Lookup(), num_buckets=20)
+    assert "WARNING clustering" not in capfd.readouterr().err
+    assert importlib.import_module("mauve.compute_mauve").faiss is faiss
+    plain = mauve.compute_mauve(p_features=Lookup().encode(real), q_features=Lookup().encode(synth), num_buckets=20,
+                                seed=25, verbose=False)
+    assert "WARNING clustering" in capfd.readouterr().err  # the notice this hides is real
+    assert quiet["mauve"] == float(plain.mauve)
+
+
 def test_downstream_classifier_train_on_one_half_test_on_other(corpus, embedder):
     train, test = corpus.iloc[:45], corpus.iloc[45:]
     res = te.downstream_classifier(train.abstract.tolist(), train.category.tolist(),

@@ -12,10 +12,12 @@ text. Only aggregate numbers and plots of aggregates come out.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Sequence
 
 import numpy as np
@@ -54,6 +56,30 @@ def per_field_accuracy(extracted: Sequence[dict], targets: Sequence[dict], field
 # ---------------------------------------------------------------------------------------------
 # MAUVE
 # ---------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _quiet_kmeans():
+    """faiss prints "WARNING clustering N points to K centroids: please provide at least ..." to the C
+    stderr whenever N < 39 K, i.e. for every MAUVE on a few hundred texts; nothing a user can act on.
+    ``min_points_per_centroid`` only gates that message (faiss subsamples on the max, not the min),
+    so the clustering is unchanged. mauve builds its own faiss.Kmeans, hence the swap while it runs."""
+    import importlib
+
+    import faiss
+
+    # the module, not the function of the same name that ``mauve`` re-exports
+    mauve_module = importlib.import_module("mauve.compute_mauve")
+
+    class QuietKmeans(faiss.Kmeans):
+        def __init__(self, d, k, **kwargs):
+            super().__init__(d, k, **{"min_points_per_centroid": 1, **kwargs})
+
+    mauve_module.faiss = SimpleNamespace(Kmeans=QuietKmeans)
+    try:
+        yield
+    finally:
+        mauve_module.faiss = faiss
+
+
 def mauve_score(real_texts: Sequence[str], synth_texts: Sequence[str], *, embedder=None,
                 num_buckets: int | str = "auto", seed: int = 25, **kwargs) -> dict:
     """MAUVE (mauve-text) between real (p) and synthetic (q) texts on MiniLM embeddings.
@@ -67,8 +93,9 @@ def mauve_score(real_texts: Sequence[str], synth_texts: Sequence[str], *, embedd
     q = _embed(synth_texts, embedder)
     if num_buckets == "auto":
         num_buckets = int(max(2, min(min(len(p), len(q)) // 10, 50)))
-    out = mauve.compute_mauve(p_features=p, q_features=q, num_buckets=num_buckets, seed=seed,
-                              verbose=False, **kwargs)
+    with _quiet_kmeans():
+        out = mauve.compute_mauve(p_features=p, q_features=q, num_buckets=num_buckets, seed=seed,
+                                  verbose=False, **kwargs)
     return {"mauve": float(out.mauve), "n_real": len(p), "n_synthetic": len(q), "num_buckets": int(num_buckets)}
 
 
