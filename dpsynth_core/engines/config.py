@@ -33,13 +33,12 @@ class EngineConfig(StrictConfig):
     kv_cache_gib: float = Field(4.0, gt=0)  # VLLM_CPU_KVCACHE_SPACE: KV-cache memory reserved on CPU
     max_num_seqs: int = Field(128, ge=1)  # sequences batched per engine step
     # "lora": serve the adapter through vLLM's LoRA kernels; "merged": merge it into the base weights once and
-    # serve that; "auto": merged on CPU, where vLLM's LoRA path generated 3.9x slower (SmolLM2-135M, r 8,
-    # 96 prompts x 48 tokens: 154.5 s vs 39.3 s), lora on a GPU (no merged copy per adapter).
+    # serve that; "auto": merged on CPU, where vLLM's LoRA path generated 3.4-4.4x slower (SmolLM2-135M, r 8,
+    # 32 / 128 prompts: benchmarks/generation_engines.py --lora-modes), lora on a GPU (no merged copy per adapter).
     lora_mode: Literal["auto", "lora", "merged"] = "auto"
     # HF only
     hf_batch_size: int = Field(32, ge=1)  # prompts per `generate` call
     torch_threads: int | None = Field(None, ge=1)
-
 
     def lora_mode_on(self, device: str) -> Literal["lora", "merged"]:
         """How vLLM on ``device`` ("cpu" or "cuda") loads a LoRA adapter under this config."""
