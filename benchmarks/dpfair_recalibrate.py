@@ -8,7 +8,7 @@ A DPFairLLM run with ``generation.calibrate`` keeps every generated row in ``gen
 run and each variant (``name:field=value,field=value`` over ``CalibrationSettings``' fields, plus
 ``drop_sensitive_pairs=true``: the run's DP (column, A) tables left out of the release it reads;
 ``rate_mix=m``: fair generation's target rates set to (1 - m) x P(Y = pos) + m x P(Y = pos | A = a) from
-the run's DP (A, target) table, 0 = parity), this
+the run's DP (A, target) table, 0 = parity; ``rates=Female/0.18;Male/0.14``: those target rates per group), this
 re-applies the pipeline's own calibration (``tabular.pipeline._calibrate``) to that pool and the run's
 ``dp_marginals.json``, then evaluates the released rows as the run's ``evaluate`` stage does (TSTR on the
 real test rows, 1- and 2-way TVD against the working set; no DCR/MIA). A variant of calibration settings
@@ -81,6 +81,10 @@ def recalibrate(run: Path, fields: dict) -> dict:
     mix = fields.pop("rate_mix", None)
     if mix is not None:  # target rates between parity (0) and the DP table's P(Y = pos | A = a) (1)
         fair = fair.model_copy(update={"target_rates": _mixed_rates(marginals, schema, fair.attributes(schema.sensitive)[0], mix)})
+    rates = fields.pop("rates", None)
+    if rates is not None:  # explicit target rates per group: "Female/0.18;Male/0.14"
+        pairs = (item.split("/") for item in str(rates).split(";") if item)
+        fair = fair.model_copy(update={"target_rates": {group.strip(): float(rate) for group, rate in pairs}})
     cal = g.calibrate.model_copy(update=fields)
     cfg = cfg.model_copy(update={"generation": g.model_copy(update={"calibrate": cal, "fairness": fair})})
     with tempfile.TemporaryDirectory() as tmp:

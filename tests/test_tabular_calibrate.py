@@ -153,3 +153,18 @@ def test_balanced_selection_releases_rows_whose_margins_track_the_targets():
     pd.testing.assert_frame_equal(res.frame, calibrate_rows(pool, margins, 100, seed=0, select="balanced").frame)
     with pytest.raises(ValueError, match="select"):
         calibrate_rows(pool, margins, 100, seed=0, select="best")
+
+
+def test_shortfall_is_the_share_of_the_release_the_pool_cannot_supply():
+    pool = _skewed_pool(n=1000, seed=3)
+    women = int((pool["sex"] == "F").sum())  # ~100: the DP marginal asks 33 % of the released rows
+    sex = margins_from_dp(DP, _schema())[1]
+    assert sex.shortfall(pool, 200) == 0.0  # 66 women asked, ~100 in the pool
+    assert sex.shortfall(pool, 600) == pytest.approx((0.33 * 600 - women) / 600)
+    result = calibrate_rows(pool, margins_from_dp(DP, _schema()), 600, seed=0, select="balanced")
+    assert result.worst_shortfall() == ("sex", pytest.approx((0.33 * 600 - women) / 600))
+    summary = result.summary()
+    assert summary["pool_shortfall_margin"] == "sex" and summary["pool_shortfall_max"] > 0.1
+    # and what the released rows show: every woman of the pool is taken, the margin is still missed
+    assert (result.frame["sex"] == "F").sum() == women
+    assert sex.tvd(result.frame) == pytest.approx(summary["pool_shortfall_max"], abs=0.02)

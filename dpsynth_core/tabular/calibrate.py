@@ -80,6 +80,13 @@ class Margin:
     def tvd(self, frame: pd.DataFrame, weights: np.ndarray | None = None) -> float:
         return 0.5 * float(np.abs(self.shares(frame, weights) - self.target).sum())
 
+    def shortfall(self, pool: pd.DataFrame, n: int) -> float:
+        """Share of ``n`` released rows this margin asks for in cells where the pool has fewer rows than
+        that: no weighting or selection can match the margin there, only a larger pool."""
+        c = self.cells(pool)
+        have = np.bincount(c[c >= 0], minlength=len(self.target))
+        return float(np.maximum(n * self.target - have, 0.0).sum() / max(n, 1))
+
 
 def _shares(counts) -> np.ndarray:
     """Noisy counts of a DP release as shares: clamped at 0, normalised (all zeros if nothing is left)."""
@@ -248,13 +255,22 @@ class CalibrationResult:
     tvd_released: dict[str, float]  # the n released rows
     dropped_mass: dict[str, float]
     max_weight: float
+    shortfall: dict[str, float] = field(default_factory=dict)  # per margin: Margin.shortfall of the pool
+
+    def worst_shortfall(self) -> tuple[str | None, float]:
+        """The margin the pool is furthest from being able to supply, and that share of the release."""
+        if not self.shortfall:
+            return None, 0.0
+        name = max(self.shortfall, key=self.shortfall.get)
+        return name, self.shortfall[name]
 
     def summary(self) -> dict:
         mean = lambda d: float(np.mean(list(d.values()))) if d else 0.0  # noqa: E731
+        worst, share = self.worst_shortfall()
         return {"pool_rows": self.pool_rows, "rows": len(self.frame), "tvd_to_dp_pool": mean(self.tvd_pool),
                 "tvd_to_dp_weighted": mean(self.tvd_weighted), "tvd_to_dp_released": mean(self.tvd_released),
                 "dropped_target_mass_max": max(self.dropped_mass.values(), default=0.0),
-                "largest_weight": self.max_weight}
+                "largest_weight": self.max_weight, "pool_shortfall_max": share, "pool_shortfall_margin": worst}
 
 
 def calibrate_rows(pool: pd.DataFrame, margins: list[Margin], n: int, *, seed: int, max_weight: float = 20.0,
@@ -276,4 +292,5 @@ def calibrate_rows(pool: pd.DataFrame, margins: list[Margin], n: int, *, seed: i
         frame=released, pool_rows=len(pool),
         tvd_pool={m.name: m.tvd(pool) for m in margins}, tvd_weighted={m.name: m.tvd(pool, weights) for m in margins},
         tvd_released={m.name: m.tvd(released) for m in margins}, dropped_mass=dropped,
-        max_weight=float(weights.max()) if len(weights) else 0.0)
+        max_weight=float(weights.max()) if len(weights) else 0.0,
+        shortfall={m.name: m.shortfall(pool, n) for m in margins})

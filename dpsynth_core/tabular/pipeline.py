@@ -34,6 +34,7 @@ function gets only the config and the run directory path.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -48,6 +49,10 @@ from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir
 from dpsynth_core.tabular import private_data
 from dpsynth_core.tabular.config import DpFairConfig, TableRunConfig
 from dpsynth_core.tabular.schema import TableSchema, load_schema
+
+log = logging.getLogger(__name__)
+# a released table that misses a DP margin by this share of its rows, for want of pool rows, is worth a word
+SHORTFALL_NOTICE = 0.25
 
 STAGES = ["prepare", "fair_stats", "marginals", "train", "generate", "evaluate", "reference", "release"]
 MARGINALS_FILE = "dp_marginals.json"
@@ -289,6 +294,12 @@ def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path, base_model: str)
         _write_csv(gen.frame, run / POOL_FILE)
         calibration = _calibrate(cfg, run, ser.schema, gen.frame)
         frame = calibration.frame
+        margin, share = calibration.worst_shortfall()
+        if share > SHORTFALL_NOTICE:  # names a DP table and a share: no private value
+            log.warning("generation.calibrate: the %d generated rows lack %.0f%% of what the DP table '%s' asks of "
+                        "the %d released rows (cells the generator rarely writes, or noise on rare cells); a larger "
+                        "generation.calibrate.pool_factor helps the first", len(gen.frame), 100 * share, margin,
+                        len(frame))
     else:
         gen = generate_rows(model, tok, ser, g)
         frame = gen.frame
