@@ -168,3 +168,19 @@ def test_shortfall_is_the_share_of_the_release_the_pool_cannot_supply():
     # and what the released rows show: every woman of the pool is taken, the margin is still missed
     assert (result.frame["sex"] == "F").sum() == women
     assert sex.tvd(result.frame) == pytest.approx(summary["pool_shortfall_max"], abs=0.02)
+
+
+def test_a_run_warns_when_its_pool_cannot_supply_a_margin(caplog):
+    from dpsynth_core.tabular.pipeline import warn_on_shortfall
+
+    pool = _skewed_pool(n=1000, seed=3)
+    pool = pd.concat([pool[pool["sex"] == "M"], pool[pool["sex"] == "F"].head(30)], ignore_index=True)
+    margins = margins_from_dp(DP, _schema())  # asks 33 % women
+    with caplog.at_level("WARNING", logger="dpsynth_core.tabular.pipeline"):
+        warn_on_shortfall(calibrate_rows(pool, margins, 60, seed=0))  # 20 women asked, 30 in the pool
+        assert not caplog.records
+        warn_on_shortfall(calibrate_rows(pool, margins, 800, seed=0))  # 264 asked: 29 % of the release missing
+    (record,) = caplog.records
+    message = record.getMessage()
+    assert f"the {len(pool)} generated rows lack 29%" in message and "DP table 'sex'" in message
+    assert "800 released rows" in message and "pool_factor" in message

@@ -294,12 +294,7 @@ def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path, base_model: str)
         _write_csv(gen.frame, run / POOL_FILE)
         calibration = _calibrate(cfg, run, ser.schema, gen.frame)
         frame = calibration.frame
-        margin, share = calibration.worst_shortfall()
-        if share > SHORTFALL_NOTICE:  # names a DP table and a share: no private value
-            log.warning("generation.calibrate: the %d generated rows lack %.0f%% of what the DP table '%s' asks of "
-                        "the %d released rows (cells the generator rarely writes, or noise on rare cells); a larger "
-                        "generation.calibrate.pool_factor helps the first", len(gen.frame), 100 * share, margin,
-                        len(frame))
+        warn_on_shortfall(calibration)
     else:
         gen = generate_rows(model, tok, ser, g)
         frame = gen.frame
@@ -308,6 +303,16 @@ def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path, base_model: str)
     return {"rows": len(frame), "attempted": gen.attempted, "invalid": gen.invalid, "rejected": gen.rejected,
             "valid_fraction": gen.valid_fraction, "seconds": time.time() - t0, "gap_history": gen.gap_history[-5:],
             **({"calibration": calibration.summary()} if calibration is not None else {})}
+
+
+def warn_on_shortfall(calibration) -> None:
+    """One line when the pool cannot supply a DP margin's cells (names a DP table and a share: nothing private)."""
+    margin, share = calibration.worst_shortfall()
+    if share > SHORTFALL_NOTICE:
+        log.warning("generation.calibrate: the %d generated rows lack %.0f%% of what the DP table '%s' asks of the "
+                    "%d released rows (cells the generator rarely writes, or noise on rare cells); a larger "
+                    "generation.calibrate.pool_factor helps the first", calibration.pool_rows, 100 * share, margin,
+                    len(calibration.frame))
 
 
 def _calibrate(cfg: DpFairConfig, run: Path, schema: TableSchema, pool: pd.DataFrame):
