@@ -157,3 +157,60 @@ def test_real_generate_on_tiny_model_gives_100_percent_valid_rows(tokenizer):
     valid = schema.validate_frame(res.frame, "generated")  # re-validated against the schema
     assert valid.equals(res.frame[schema.names].astype(valid.dtypes.to_dict()))
     assert res.frame["age"].between(17, 90).all() and res.frame["sex"].isin(["Female", "Male"]).all()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fixed_values_are_written_whatever_the_logits(tokenizer, data):
+    """A row with a fixed categorical value (stratified generation) parses, has that value, and the other
+    columns stay free."""
+    schema = load_schema(ADULT_SCHEMA).select(["age", "marital_status", "sex", "income"])
+    ser = RowSerializer(schema, random_order=data.draw(st.booleans()), seed=data.draw(st.integers(0, 99)))
+    constraint = RowConstraint(ser, tokenizer)
+    orders = [ser.order_for_row() for _ in range(4)]
+    fixed = [{"sex": data.draw(st.sampled_from(["Female", "Male"]))} for _ in orders]
+    seed = data.draw(st.integers(0, 2**31 - 1))
+    gen = torch.Generator().manual_seed(seed)
+    enc = tokenizer([ser.prompt(o) for o in orders], return_tensors="pt", padding=True)
+    ids, proc = enc["input_ids"], ConstrainedRowProcessor(constraint, orders, fixed=fixed)
+    new, finished = [[] for _ in orders], [False] * len(orders)
+    for _ in range(max(constraint.max_row_tokens(o) for o in orders) + 2):
+        masked = proc(ids, torch.randn(ids.shape[0], len(tokenizer), generator=gen) * 5)
+        nxt = masked.argmax(dim=1)
+        for i, t in enumerate(nxt.tolist()):
+            if finished[i]:
+                nxt[i] = tokenizer.eos_token_id
+            else:
+                new[i].append(t)
+                finished[i] = t == tokenizer.eos_token_id
+        ids = torch.cat([ids, nxt[:, None]], dim=1)
+        if all(finished):
+            break
+    assert all(finished)
+    rows = [ser.parse(tokenizer.decode(n, skip_special_tokens=True)) for n in new]
+    assert [r["sex"] for r in rows] == [f["sex"] for f in fixed]
+
+
+def test_a_fixed_value_outside_the_categories_is_refused(tokenizer):
+    schema = load_schema(ADULT_SCHEMA).select(["age", "sex", "income"])
+    constraint = RowConstraint(RowSerializer(schema), tokenizer)
+    with pytest.raises(ValueError, match="cannot fix column 'sex'"):
+        ConstrainedRowProcessor(constraint, [schema.names], fixed=[{"sex": "Other"}])
+    with pytest.raises(ValueError, match="1 column orders but 2"):
+        ConstrainedRowProcessor(constraint, [schema.names], fixed=[None, None])
+
+
+def test_stratified_generation_on_tiny_model_follows_the_quota(tokenizer):
+    """HF generate + fixed values from a quota: every row valid, the column's shares are the quota's."""
+    from dpsynth_core.dpsgd import load_generator
+    from dpsynth_core.tabular.generation import GenerationSettings, StratumQuota, generate_rows
+
+    torch.set_num_threads(2)
+    schema = load_schema(ADULT_SCHEMA).select(["age", "marital_status", "sex", "income"])
+    model, tok = load_generator("tiny-llama")
+    quota = StratumQuota("sex", {"Female": 600.0, "Male": 300.0, "unused": -5.0})  # noisy DP counts: clamped
+    res = generate_rows(model, tok, RowSerializer(schema), GenerationSettings(num_rows=12, batch_size=6), progress=False,
+                        strata=quota)
+    assert res.invalid == 0 and len(res.frame) == 12
+    assert (res.frame["sex"] == "Female").sum() == 8 and (res.frame["sex"] == "Male").sum() == 4
+    assert quota.counts == {"Female": 8, "Male": 4, "unused": 0}

@@ -360,6 +360,9 @@ def test_rerun_finished_or_changed_config(finished_run, capsys):
         ({"columns": ["age", "education", "income"], "fairness": {"lambda_dp": 0.0},
           "generation": {"num_rows": 16, "calibrate": {"enabled": True, "pairs_with_sensitive": True}}},
          "pairs_with_sensitive needs a sensitive attribute"),
+        ({"generation": {"num_rows": 16, "calibrate": {"enabled": True, "stratify": "age"}}},
+         "stratify: 'age' is not a categorical column"),
+        ({"generation": {"num_rows": 16, "calibrate": {"stratify": "sex"}}}, "set enabled: true"),
     ],
 )
 def test_bad_config_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys, override, message):
@@ -393,3 +396,24 @@ def test_bad_schema_file_through_the_cli(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert str(bad) in err and "column 'age': min > max" in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_stratified_pool_quota_is_the_dp_marginal_of_the_column(finished_run):
+    """calibrate.stratify: the quota generation fixes values by is the column's DP 1-way marginal (noisy
+    counts clamped at 0), read from the run's dp_marginals.json: post-processing, nothing new charged."""
+    from dpsynth_core.tabular import pipeline
+    from dpsynth_core.tabular.config import load_dpfair_config
+
+    run, path, _ = finished_run
+    cfg = load_dpfair_config(path)
+    assert pipeline._strata(cfg, run) is None  # off by default
+    cal = cfg.generation.calibrate.model_copy(update={"stratify": "sex"})
+    cfg = cfg.model_copy(update={"generation": cfg.generation.model_copy(update={"calibrate": cal})})
+    entries = len(PrivacyLedger.open(run).entries())
+    quota = pipeline._strata(cfg, run)
+    dp = json.loads((run / pipeline.MARGINALS_FILE).read_text())["sex"]
+    counts = np.maximum(np.asarray(dp["counts"], float), 0)
+    assert quota.column == "sex"
+    assert quota.shares == pytest.approx(dict(zip(map(str, dp["values"]), counts / counts.sum())))
+    assert [quota.next()["sex"] for _ in range(3)] and sum(quota.counts.values()) == 3
+    assert len(PrivacyLedger.open(run).entries()) == entries

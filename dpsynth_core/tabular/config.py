@@ -101,9 +101,15 @@ class CalibrationSettings(StrictConfig):
     # feature tables (1-way, and (column, A) with pairs_with_sensitive), i.e. where the data's rows of that
     # group would reach the rate
     label_cut: Literal["pool", "raked"] = "pool"
+    # a categorical column (e.g. the sensitive one) whose value is fixed per generated row, in the shares of
+    # its DP 1-way marginal: a generator that writes 90 % men still leaves the raking women (and their
+    # proxies) to choose from. None: every value is the generator's
+    stratify: str | None = None
 
     @model_validator(mode="after")
     def _labels_need_pairs(self):
+        if self.stratify is not None and not self.enabled:
+            raise ValueError("generation.calibrate.stratify fixes values in the calibrated pool: set enabled: true")
         if self.labels == "dp_tables" and not self.pairs_with_target:
             raise ValueError("generation.calibrate.labels 'dp_tables' reads the DP (column, target) tables: set "
                              "pairs_with_target: true")

@@ -177,16 +177,32 @@ class RowConstraint:
 
 
 class RowState:
-    """Decoding state of one row."""
+    """Decoding state of one row. ``fixed``: categorical values this row must take (column -> category),
+    forced token by token like the name segments, e.g. the sensitive value of a stratified pool."""
 
-    def __init__(self, constraint: RowConstraint, order: Sequence[str]):
+    def __init__(self, constraint: RowConstraint, order: Sequence[str], fixed: dict[str, str] | None = None):
         self.c, self.order = constraint, list(order)
+        self.fixed = dict(fixed or {})
+        for name, value in self.fixed.items():
+            if value not in constraint.cat_ids.get(name, {}):
+                raise ValueError(f"constrained decoding: cannot fix column '{name}' to a value outside its categories")
         self.pos = 0
-        self.queue: list[int] = list(constraint.forced(0, self.order[0]))
         self.node: _TrieNode | None = None
+        self.queue: list[int] = list(constraint.forced(0, self.order[0])) + self._fixed_value(self.order[0])
         self.text = ""
         self.done = False
         self.value_start_logits: dict[str, torch.Tensor] = {}  # column -> raw logits at its first value token
+
+    def _fixed_value(self, name: str) -> list[int]:
+        """The fixed value's ids for the queue (and the trie node it ends at), or [] for a free column."""
+        if name not in self.fixed:
+            return []
+        ids = self.c.cat_ids[name][self.fixed[name]]
+        node = self.c.tries[name]
+        for t in ids:
+            node = node.children[t]
+        self.node = node
+        return list(ids)
 
     @property
     def in_value(self) -> bool:
@@ -208,6 +224,8 @@ class RowState:
         if self.queue:
             return [self.queue[0]]
         name = self.column
+        if name in self.fixed:  # its value was forced: only the next segment may follow
+            return [self.c.next_segment(self.order, self.pos)[0]]
         if name in self.c.tries:
             ids = list((self.node or self.c.tries[name]).children)
         else:
@@ -231,7 +249,8 @@ class RowState:
                 self.done = True
                 return
             self.pos += 1
-            self.queue, self.node, self.text = list(nxt[1:]), None, ""
+            self.node, self.text = None, ""
+            self.queue = list(nxt[1:]) + self._fixed_value(self.order[self.pos])
             return
         if name in self.c.tries:
             node = self.node or self.c.tries[name]
@@ -245,14 +264,19 @@ class RowState:
 class ConstrainedRowProcessor(LogitsProcessor):
     """Masks every token that would break the row format; one ``RowState`` per batch row.
 
-    ``orders[i]`` is the column order of batch row i. ``record_logits_for`` names columns whose raw
+    ``orders[i]`` is the column order of batch row i, ``fixed[i]`` its forced categorical values (or
+    None). ``record_logits_for`` names columns whose raw
     logits at the first value token are kept (``states[i].value_start_logits``), e.g. the target,
     so fairness-aware generation can read the generator's P(Y | row so far) without re-scoring.
     """
 
-    def __init__(self, constraint: RowConstraint, orders: Sequence[Sequence[str]], record_logits_for: Sequence[str] = ()):
+    def __init__(self, constraint: RowConstraint, orders: Sequence[Sequence[str]], record_logits_for: Sequence[str] = (),
+                 fixed: Sequence[dict[str, str] | None] | None = None):
         self.constraint = constraint
-        self.states = [RowState(constraint, o) for o in orders]
+        fixed = list(fixed) if fixed is not None else [None] * len(orders)
+        if len(fixed) != len(orders):
+            raise ValueError(f"{len(orders)} column orders but {len(fixed)} fixed-value maps")
+        self.states = [RowState(constraint, o, f) for o, f in zip(orders, fixed)]
         self.record = set(record_logits_for)
         self._prompt_len: int | None = None
 

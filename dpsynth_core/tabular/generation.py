@@ -152,18 +152,39 @@ def _generate_rows_structured(engine, serializer: RowSerializer, settings: Gener
     return GenerationResult(frame=frame, attempted=attempted, invalid=invalid, rejected=0, gap_history=[])
 
 
-def generate_rows(model, tokenizer, serializer: RowSerializer, settings: GenerationSettings, *, progress: bool = True) -> GenerationResult:
+class StratumQuota:
+    """Which value of ``column`` the next generated row is fixed to: the one furthest below its share
+    (``shares``: value -> share, e.g. a DP marginal), so every prefix of the rows tracks the shares."""
+
+    def __init__(self, column: str, shares: dict[str, float]):
+        total = sum(max(v, 0.0) for v in shares.values())
+        if total <= 0:
+            raise ConfigError(f"stratified generation: no positive share for column '{column}'")
+        self.column = column
+        self.shares = {k: max(v, 0.0) / total for k, v in shares.items()}
+        self.counts = dict.fromkeys(self.shares, 0)
+
+    def next(self) -> dict[str, str]:
+        n = sum(self.counts.values()) + 1
+        value = max(self.shares, key=lambda k: n * self.shares[k] - self.counts[k])
+        self.counts[value] += 1
+        return {self.column: value}
+
+
+def generate_rows(model, tokenizer, serializer: RowSerializer, settings: GenerationSettings, *, progress: bool = True,
+                  strata: StratumQuota | None = None) -> GenerationResult:
     """Sample ``settings.num_rows`` rows (fewer only if max attempts run out) under constrained decoding.
 
     ``model``: an HF model, or an engine from :func:`open_row_generator` (``tokenizer`` unused):
     vLLM generates under the schema's row regex, an HF engine runs the logits processor below.
+    ``strata``: each row's value of one categorical column is fixed by that quota (HF engine only).
     """
     from dpsynth_core.engines import TextEngine
 
     if isinstance(model, TextEngine):
         if model.backend == "vllm":
-            if settings.fairness.enabled:
-                raise ConfigError("fairness-aware generation needs the hf engine (see open_row_generator)")
+            if settings.fairness.enabled or strata is not None:
+                raise ConfigError("fairness-aware or stratified generation needs the hf engine (see open_row_generator)")
             return _generate_rows_structured(model, serializer, settings)
         model, tokenizer = model.model, model.tokenizer
     schema = serializer.schema
@@ -199,7 +220,9 @@ def generate_rows(model, tokenizer, serializer: RowSerializer, settings: Generat
         bs = min(settings.batch_size, max_attempts - attempted)
         orders = [serializer.order_for_row() for _ in range(bs)]
         enc = tokenizer([serializer.prompt(o) for o in orders], add_special_tokens=True, return_tensors="pt", padding=True)
-        proc = ConstrainedRowProcessor(constraint, orders, record_logits_for=[schema.target] if schema.target else [])
+        fixed = [strata.next() for _ in orders] if strata is not None else None
+        proc = ConstrainedRowProcessor(constraint, orders, record_logits_for=[schema.target] if schema.target else [],
+                                       fixed=fixed)
         torch.manual_seed(settings.seed * 100003 + batch_no)
         batch_no += 1
         with torch.no_grad():

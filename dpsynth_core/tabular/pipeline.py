@@ -82,6 +82,9 @@ def public_schema(cfg: DpFairConfig) -> TableSchema:
     if cfg.generation.calibrate.pairs_with_sensitive and not _pair_attributes(cfg, schema):
         raise ConfigError(f"{cfg.schema_path}: generation.calibrate.pairs_with_sensitive needs a sensitive attribute "
                           "among the run's columns")
+    stratify = cfg.generation.calibrate.stratify
+    if stratify is not None and (stratify not in schema.names or not schema.column(stratify).is_categorical):
+        raise ConfigError(f"generation.calibrate.stratify: '{stratify}' is not a categorical column of the run")
     if cfg.generation.calibrate.labels == "dp_tables" and len(schema.column(schema.target).categories or []) != 2:
         raise ConfigError(f"{cfg.schema_path}: generation.calibrate.labels 'dp_tables' needs a binary target; "
                           f"'{schema.target}' is not")
@@ -288,7 +291,7 @@ def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path, base_model: str)
     calibration = None
     if g.calibrate.enabled:  # a larger pool, raked to the DP marginals, num_rows of it released
         pool_rows = math.ceil(g.num_rows * g.calibrate.pool_factor)
-        gen = generate_rows(model, tok, ser, g.model_copy(update={"num_rows": pool_rows}))
+        gen = generate_rows(model, tok, ser, g.model_copy(update={"num_rows": pool_rows}), strata=_strata(cfg, run))
         # kept beside the release (generated rows: post-processing, no private row) so calibration
         # settings can be compared without generating again
         _write_csv(gen.frame, run / POOL_FILE)
@@ -303,6 +306,17 @@ def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path, base_model: str)
     return {"rows": len(frame), "attempted": gen.attempted, "invalid": gen.invalid, "rejected": gen.rejected,
             "valid_fraction": gen.valid_fraction, "seconds": time.time() - t0, "gap_history": gen.gap_history[-5:],
             **({"calibration": calibration.summary()} if calibration is not None else {})}
+
+
+def _strata(cfg: DpFairConfig, run: Path):
+    """``calibrate.stratify``'s quota: the column's DP 1-way marginal (post-processing of the marginals stage)."""
+    column = cfg.generation.calibrate.stratify
+    if column is None:
+        return None
+    from dpsynth_core.tabular.generation import StratumQuota
+
+    entry = json.loads((run / MARGINALS_FILE).read_text())[column]
+    return StratumQuota(column, {str(v): float(c) for v, c in zip(entry["values"], entry["counts"])})
 
 
 def warn_on_shortfall(calibration) -> None:
