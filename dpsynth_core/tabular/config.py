@@ -107,7 +107,7 @@ class CalibrationSettings(StrictConfig):
     stratify: str | None = None
 
     @model_validator(mode="after")
-    def _labels_need_pairs(self):
+    def _settings_they_need(self):
         if self.stratify is not None and not self.enabled:
             raise ValueError("generation.calibrate.stratify fixes values in the calibrated pool: set enabled: true")
         if self.labels == "dp_tables" and not self.pairs_with_target:

@@ -39,6 +39,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -49,6 +50,10 @@ from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir
 from dpsynth_core.tabular import private_data
 from dpsynth_core.tabular.config import DpFairConfig, TableRunConfig
 from dpsynth_core.tabular.schema import TableSchema, load_schema
+
+if TYPE_CHECKING:  # imported where used: generation needs torch, calibration only numpy
+    from dpsynth_core.tabular.calibrate import CalibrationResult
+    from dpsynth_core.tabular.generation import StratumQuota
 
 log = logging.getLogger(__name__)
 # a released table that misses a DP margin by this share of its rows, for want of pool rows, is worth a word
@@ -308,7 +313,7 @@ def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path, base_model: str)
             **({"calibration": calibration.summary()} if calibration is not None else {})}
 
 
-def _strata(cfg: DpFairConfig, run: Path):
+def _strata(cfg: DpFairConfig, run: Path) -> StratumQuota | None:
     """``calibrate.stratify``'s quota: the column's DP 1-way marginal (post-processing of the marginals stage)."""
     column = cfg.generation.calibrate.stratify
     if column is None:
@@ -319,7 +324,7 @@ def _strata(cfg: DpFairConfig, run: Path):
     return StratumQuota(column, {str(v): float(c) for v, c in zip(entry["values"], entry["counts"])})
 
 
-def warn_on_shortfall(calibration) -> None:
+def warn_on_shortfall(calibration: CalibrationResult) -> None:
     """One line when the pool cannot supply a DP margin's cells (names a DP table and a share: nothing private)."""
     margin, share = calibration.worst_shortfall()
     if share > SHORTFALL_NOTICE:
