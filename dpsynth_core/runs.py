@@ -44,10 +44,15 @@ def _flatten(value, prefix: str = "") -> dict[str, object]:
 
 
 def changed_keys(old: dict, new: dict, ignore: tuple[str, ...] = ()) -> list[str]:
-    """Dotted keys whose values differ between two config snapshots (minus ``ignore`` and below)."""
+    """Dotted keys whose values differ between two config snapshots (minus ``ignore`` and below). A key the
+    old snapshot lacks and the new one leaves at None is a setting added in a later version and left unset
+    (new settings default to None = the old behaviour), not a change: a run interrupted before an upgrade
+    still resumes."""
     a, b = _flatten(old), _flatten(new)
     skip = lambda k: any(k == i or k.startswith(i + ".") for i in ignore)  # noqa: E731
-    return sorted(k for k in set(a) | set(b) if not skip(k) and a.get(k, "<unset>") != b.get(k, "<unset>"))
+    added_unset = lambda k: k not in a and b.get(k) is None  # noqa: E731
+    return sorted(k for k in set(a) | set(b)
+                  if not skip(k) and not added_unset(k) and a.get(k, "<unset>") != b.get(k, "<unset>"))
 
 
 def snapshot_text(snapshot: dict) -> str:

@@ -96,3 +96,20 @@ def test_actg_and_pe_refuse_a_run_locked_by_another_process(tmp_path):
     finally:
         holder.communicate("\n", timeout=60)
     assert not (tmp_path / "actg" / "config.yaml").exists()  # refused before the rerun rule wrote anything
+
+
+def test_a_setting_added_after_the_run_was_made_and_left_unset_is_not_a_change(tmp_path):
+    """A run interrupted before an upgrade resumes when the new version only adds settings left at None;
+    a new setting given a value, or any changed one, is still refused."""
+    from dpsynth_core.runs import changed_keys, open_run_dir
+
+    old = {"generation": {"calibrate": {"enabled": True, "labels": "dp_tables"}}, "epsilon": 1.0}
+    upgraded = {"generation": {"calibrate": {"enabled": True, "labels": "dp_tables", "stratify": None}}, "epsilon": 1.0}
+    assert changed_keys(old, upgraded) == []
+    assert changed_keys(old, {**upgraded, "generation": {"calibrate": {**upgraded["generation"]["calibrate"],
+                                                                       "stratify": "sex"}}}) == ["generation.calibrate.stratify"]
+    assert changed_keys(upgraded, old) == ["generation.calibrate.stratify"]  # a setting that went away is a change
+    run = open_run_dir(tmp_path / "run", old, resume=True)
+    assert open_run_dir(run, upgraded, resume=True) == run  # resumes
+    with pytest.raises(ConfigError, match="changed: epsilon"):
+        open_run_dir(run, {**upgraded, "epsilon": 2.0}, resume=True)
