@@ -53,20 +53,13 @@ def worst_ratio(m: dict[str, float], t: dict[str, float]) -> float:
     return max(m["dp"] / t["dp"], m["eo"] / t["eo"])
 
 
-def group_cut_labels(score: np.ndarray, groups: np.ndarray, rates: dict[str, float]) -> np.ndarray:
-    labels = np.zeros(len(score), dtype=int)
-    for g, rate in rates.items():
-        idx = np.flatnonzero(groups == g)
-        labels[idx[np.argsort(-score[idx], kind="stable")][: int(round(rate * len(idx)))]] = 1
-    return labels
-
-
 def one_seed(cfg, schema, seed: int, train_rows: int, release_rows: int, grid: list[float]) -> dict[str, dict]:
     from fairlearn.postprocessing import ThresholdOptimizer
     from sklearn.linear_model import LogisticRegression
 
     from dpsynth_core.tabular import private_data
     from dpsynth_core.tabular.evaluate import encode_matrix, tstr
+    from dpsynth_core.tabular.labeller import rank_labels
 
     cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"seed": seed})})
     source = schema.validate_frame(private_data.read_source(cfg)[schema.names], "source")
@@ -95,7 +88,8 @@ def one_seed(cfg, schema, seed: int, train_rows: int, release_rows: int, grid: l
     names = sorted(set(groups))
     s = model.decision_function(X)
     for rates in itertools.product(grid, repeat=len(names)):
-        out["cut " + " / ".join(f"{r:.2f}" for r in rates)] = score(group_cut_labels(s, groups, dict(zip(names, rates))))
+        cut = rank_labels(s, dict(zip(names, rates)), groups)  # the top share of each group by score
+        out["cut " + " / ".join(f"{r:.2f}" for r in rates)] = score(cut.astype(int))
     return out
 
 
