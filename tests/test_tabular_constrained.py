@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -213,4 +214,23 @@ def test_stratified_generation_on_tiny_model_follows_the_quota(tokenizer):
                         strata=quota)
     assert res.invalid == 0 and len(res.frame) == 12
     assert (res.frame["sex"] == "Female").sum() == 8 and (res.frame["sex"] == "Male").sum() == 4
-    assert quota.counts == {"Female": 8, "Male": 4, "unused": 0}
+    assert quota.counts == {("Female",): 8, ("Male",): 4, ("unused",): 0}
+
+
+def test_a_two_column_quota_tracks_its_table_in_every_prefix():
+    """Two columns: the cells of a 2-way table; each prefix of n rows holds each cell within one row of
+    n x its share, and a zero (noise-clamped) cell is never drawn."""
+    from dpsynth_core.tabular.generation import StratumQuota
+
+    table = {("Female", "Married"): 3.0, ("Female", "Never"): 17.0, ("Male", "Married"): 45.0,
+             ("Male", "Never"): 35.0, ("Male", "Widowed"): -2.0}
+    quota = StratumQuota(["sex", "marital_status"], table)
+    rows = [quota.next() for _ in range(200)]
+    assert set(rows[0]) == {"sex", "marital_status"}
+    for n in (1, 7, 50, 133, 200):
+        seen = Counter((r["sex"], r["marital_status"]) for r in rows[:n])
+        for cell, share in quota.shares.items():
+            assert abs(seen.get(cell, 0) - n * share) < 1 + 1e-9
+    assert quota.counts[("Male", "Widowed")] == 0 and quota.counts[("Female", "Married")] == 6
+    with pytest.raises(ValueError, match="one value per column"):
+        StratumQuota(["sex", "marital_status"], {("Female",): 1.0})

@@ -363,6 +363,10 @@ def test_rerun_finished_or_changed_config(finished_run, capsys):
         ({"generation": {"num_rows": 16, "calibrate": {"enabled": True, "stratify": "age"}}},
          "stratify: 'age' is not a categorical column"),
         ({"generation": {"num_rows": 16, "calibrate": {"stratify": "sex"}}}, "set enabled: true"),
+        ({"generation": {"num_rows": 16, "calibrate": {"enabled": True, "stratify": ["sex", "race"]}}},
+         "no DP 2-way table of"),
+        ({"generation": {"num_rows": 16, "calibrate": {"enabled": True, "stratify": ["sex", "race", "education"]}}},
+         "one column, or two different ones"),
     ],
 )
 def test_bad_config_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys, override, message):
@@ -413,7 +417,37 @@ def test_stratified_pool_quota_is_the_dp_marginal_of_the_column(finished_run):
     quota = pipeline._strata(cfg, run)
     dp = json.loads((run / pipeline.MARGINALS_FILE).read_text())["sex"]
     counts = np.maximum(np.asarray(dp["counts"], float), 0)
-    assert quota.column == "sex"
-    assert quota.shares == pytest.approx(dict(zip(map(str, dp["values"]), counts / counts.sum())))
+    assert quota.columns == ("sex",)
+    assert quota.shares == pytest.approx(dict(zip([(str(v),) for v in dp["values"]], counts / counts.sum())))
     assert [quota.next()["sex"] for _ in range(3)] and sum(quota.counts.values()) == 3
     assert len(PrivacyLedger.open(run).entries()) == entries
+
+
+def test_two_column_strata_come_from_the_released_2way_table(tmp_path, finished_run):
+    """stratify: [sex, race] with pairs_with_sensitive: the quota's cells are the DP (race, sex) table's
+    (named in the config's order whichever way the table is stored); a run whose marginals lack the
+    table is refused rather than stratified by something else."""
+    from dpsynth_core.errors import ConfigError
+    from dpsynth_core.tabular import pipeline
+    from dpsynth_core.tabular.config import load_dpfair_config
+
+    _, path, _ = finished_run
+    cfg = load_dpfair_config(path)
+    cal = cfg.generation.calibrate.model_copy(update={"stratify": ["sex", "race"], "pairs_with_sensitive": True})
+    cfg = cfg.model_copy(update={"generation": cfg.generation.model_copy(update={"calibrate": cal})})
+    races, sexes = ["White", "Black", "Other"], ["Female", "Male"]
+    counts = np.arange(6, dtype=float).reshape(3, 2) - 1.0  # one noisy negative cell, clamped to 0
+    marginals = {"race": {"kind": "categorical", "values": races, "counts": counts.sum(1).tolist()},
+                 "sex": {"kind": "categorical", "values": sexes, "counts": counts.sum(0).tolist()},
+                 "pairs": {"race|sex": {"columns": ["race", "sex"], "counts": counts.ravel().tolist()}}}
+    (tmp_path / pipeline.MARGINALS_FILE).write_text(json.dumps(marginals))
+    quota = pipeline._strata(cfg, tmp_path)
+    assert quota.columns == ("sex", "race")
+    positive = np.maximum(counts, 0)
+    assert quota.shares == pytest.approx({(s, r): positive[i, j] / positive.sum()
+                                          for i, r in enumerate(races) for j, s in enumerate(sexes)})
+    assert quota.next() == {"sex": "Male", "race": "Other"}  # the largest cell first
+    del marginals["pairs"]
+    (tmp_path / pipeline.MARGINALS_FILE).write_text(json.dumps(marginals))
+    with pytest.raises(ConfigError, match="no 2-way table"):
+        pipeline._strata(cfg, tmp_path)

@@ -101,19 +101,30 @@ class CalibrationSettings(StrictConfig):
     # feature tables (1-way, and (column, A) with pairs_with_sensitive), i.e. where the data's rows of that
     # group would reach the rate
     label_cut: Literal["pool", "raked"] = "pool"
-    # a categorical column (e.g. the sensitive one) whose value is fixed per generated row, in the shares of
-    # its DP 1-way marginal: a generator that writes 90 % men still leaves the raking women (and their
-    # proxies) to choose from. None: every value is the generator's
-    stratify: str | None = None
+    # categorical columns whose values are fixed per generated row, in the shares of their DP table: one
+    # column (e.g. the sensitive one) by its 1-way marginal, two by their released 2-way table (one of
+    # them the target with pairs_with_target, or a sensitive attribute with pairs_with_sensitive). A
+    # generator that writes 90 % men, or women married as often as men, still leaves the raking the
+    # rows the data has. None: every value is the generator's
+    stratify: str | list[str] | None = None
 
     @model_validator(mode="after")
     def _settings_they_need(self):
         if self.stratify is not None and not self.enabled:
             raise ValueError("generation.calibrate.stratify fixes values in the calibrated pool: set enabled: true")
+        columns = self.stratify_columns
+        if len(columns) > 2 or len(set(columns)) < len(columns) or (self.stratify is not None and not columns):
+            raise ValueError("generation.calibrate.stratify: one column, or two different ones (the DP tables are "
+                             f"1- and 2-way), got {self.stratify}")
         if self.labels == "dp_tables" and not self.pairs_with_target:
             raise ValueError("generation.calibrate.labels 'dp_tables' reads the DP (column, target) tables: set "
                              "pairs_with_target: true")
         return self
+
+    @property
+    def stratify_columns(self) -> tuple[str, ...]:
+        """``stratify`` as a tuple of column names (empty: off)."""
+        return (self.stratify,) if isinstance(self.stratify, str) else tuple(self.stratify or ())
 
 
 class GenerationSettings(StrictConfig):

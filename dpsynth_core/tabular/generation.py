@@ -13,6 +13,7 @@ This stage sees only the DP generator, never the private data: it is post-proces
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -153,22 +154,26 @@ def _generate_rows_structured(engine, serializer: RowSerializer, settings: Gener
 
 
 class StratumQuota:
-    """Which value of ``column`` the next generated row is fixed to: the one furthest below its share
-    (``shares``: value -> share, e.g. a DP marginal), so every prefix of the rows tracks the shares."""
+    """Which values of ``columns`` the next generated row is fixed to: the cell furthest below its share
+    (``shares``: cell -> share, a cell being one value per column, e.g. a DP table's counts), so every
+    prefix of the rows tracks the shares. One column's cells may be given as plain values."""
 
-    def __init__(self, column: str, shares: dict[str, float]):
-        total = sum(max(v, 0.0) for v in shares.values())
+    def __init__(self, columns: str | Sequence[str], shares: dict):
+        self.columns = (columns,) if isinstance(columns, str) else tuple(columns)
+        cells = {(k,) if isinstance(k, str) else tuple(k): max(float(v), 0.0) for k, v in shares.items()}
+        if any(len(cell) != len(self.columns) for cell in cells):
+            raise ValueError(f"stratified generation: every cell needs one value per column of {list(self.columns)}")
+        total = sum(cells.values())
         if total <= 0:
-            raise ConfigError(f"stratified generation: no positive share for column '{column}'")
-        self.column = column
-        self.shares = {k: max(v, 0.0) / total for k, v in shares.items()}
+            raise ConfigError(f"stratified generation: no positive share for {' x '.join(self.columns)}")
+        self.shares = {cell: v / total for cell, v in cells.items()}
         self.counts = dict.fromkeys(self.shares, 0)
 
     def next(self) -> dict[str, str]:
         n = sum(self.counts.values()) + 1
-        value = max(self.shares, key=lambda k: n * self.shares[k] - self.counts[k])
-        self.counts[value] += 1
-        return {self.column: value}
+        cell = max(self.shares, key=lambda k: n * self.shares[k] - self.counts[k])
+        self.counts[cell] += 1
+        return dict(zip(self.columns, cell))
 
 
 def generate_rows(model, tokenizer, serializer: RowSerializer, settings: GenerationSettings, *, progress: bool = True,
@@ -177,7 +182,7 @@ def generate_rows(model, tokenizer, serializer: RowSerializer, settings: Generat
 
     ``model``: an HF model, or an engine from :func:`open_row_generator` (``tokenizer`` unused):
     vLLM generates under the schema's row regex, an HF engine runs the logits processor below.
-    ``strata``: each row's value of one categorical column is fixed by that quota (HF engine only).
+    ``strata``: each row's values of the quota's categorical columns are fixed by it (HF engine only).
     """
     from dpsynth_core.engines import TextEngine
 

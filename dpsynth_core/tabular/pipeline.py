@@ -41,6 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 
 from dpsynth_core.errors import ConfigError
@@ -87,9 +88,14 @@ def public_schema(cfg: DpFairConfig) -> TableSchema:
     if cfg.generation.calibrate.pairs_with_sensitive and not _pair_attributes(cfg, schema):
         raise ConfigError(f"{cfg.schema_path}: generation.calibrate.pairs_with_sensitive needs a sensitive attribute "
                           "among the run's columns")
-    stratify = cfg.generation.calibrate.stratify
-    if stratify is not None and (stratify not in schema.names or not schema.column(stratify).is_categorical):
-        raise ConfigError(f"generation.calibrate.stratify: '{stratify}' is not a categorical column of the run")
+    strata = cfg.generation.calibrate.stratify_columns
+    for column in strata:
+        if column not in schema.names or not schema.column(column).is_categorical:
+            raise ConfigError(f"generation.calibrate.stratify: '{column}' is not a categorical column of the run")
+    if len(strata) == 2 and not set(strata) & set(_pair_anchors(cfg, schema)):
+        raise ConfigError(f"generation.calibrate.stratify: the run releases no DP 2-way table of {list(strata)}; one "
+                          "of them must be the target (pairs_with_target: true) or a sensitive attribute "
+                          "(pairs_with_sensitive: true)")
     if cfg.generation.calibrate.labels == "dp_tables" and len(schema.column(schema.target).categories or []) != 2:
         raise ConfigError(f"{cfg.schema_path}: generation.calibrate.labels 'dp_tables' needs a binary target; "
                           f"'{schema.target}' is not")
@@ -174,6 +180,16 @@ def _pair_attributes(cfg: DpFairConfig, schema: TableSchema) -> list[str]:
     names = fair.attributes(schema.sensitive) if fair.enabled else list(schema.sensitive)
     return [a for a in names if a in schema.names and schema.column(a).is_categorical and a != schema.target]
 
+
+def _pair_anchors(cfg: DpFairConfig, schema: TableSchema) -> list[str]:
+    """The columns whose 2-way table with every other column the marginals stage releases."""
+    cal = cfg.generation.calibrate
+    if not cal.enabled:
+        return []
+    return ([schema.target] if cal.pairs_with_target and schema.target else []) + \
+        (_pair_attributes(cfg, schema) if cal.pairs_with_sensitive else [])
+
+
 def stage_marginals(cfg: DpFairConfig, root: str) -> dict:
     """DP 1-way marginals of every column: stage 1's rows (``public_stage.rows_from: dp_marginals``) and
     the targets of ``generation.calibrate``."""
@@ -182,9 +198,7 @@ def stage_marginals(cfg: DpFairConfig, root: str) -> dict:
     run = Path(root)
     schema = resolved_schema(run)
     private = private_data.load_private(cfg, run, schema)
-    cal = cfg.generation.calibrate
-    pairs_with = ([schema.target] if cal.enabled and cal.pairs_with_target else []) + \
-        (_pair_attributes(cfg, schema) if cal.enabled and cal.pairs_with_sensitive else [])
+    pairs_with = _pair_anchors(cfg, schema)
     marginals = dp_marginals(private, schema, epsilon=cfg.epsilon * cfg.budget.marginals, ledger=_ledger(run),
                              bins=cfg.training.public_stage.marginal_bins, pairs_with=pairs_with)
     atomic_write_text(run / MARGINALS_FILE, json.dumps(marginals, indent=1))
@@ -314,14 +328,27 @@ def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path, base_model: str)
 
 
 def _strata(cfg: DpFairConfig, run: Path) -> StratumQuota | None:
-    """``calibrate.stratify``'s quota: the column's DP 1-way marginal (post-processing of the marginals stage)."""
-    column = cfg.generation.calibrate.stratify
-    if column is None:
+    """``calibrate.stratify``'s quota: one column's DP 1-way marginal, or two columns' DP 2-way table
+    (post-processing of the marginals stage)."""
+    columns = cfg.generation.calibrate.stratify_columns
+    if not columns:
         return None
     from dpsynth_core.tabular.generation import StratumQuota
 
-    entry = json.loads((run / MARGINALS_FILE).read_text())[column]
-    return StratumQuota(column, {str(v): float(c) for v, c in zip(entry["values"], entry["counts"])})
+    marginals = json.loads((run / MARGINALS_FILE).read_text())
+    if len(columns) == 1:
+        entry = marginals[columns[0]]
+        return StratumQuota(columns, {str(v): float(c) for v, c in zip(entry["values"], entry["counts"])})
+    pairs = marginals.get("pairs") or {}
+    entry = pairs.get("|".join(columns)) or pairs.get("|".join(reversed(columns)))
+    if entry is None:  # the config check makes the marginals stage release it; a run from before may not have
+        raise ConfigError(f"generation.calibrate.stratify: {MARGINALS_FILE} has no 2-way table of {list(columns)}")
+    first, second = (marginals[c]["values"] for c in entry["columns"])
+    counts = np.asarray(entry["counts"], float).reshape(len(first), len(second))
+    cells = {(str(a), str(b)): counts[i, j] for i, a in enumerate(first) for j, b in enumerate(second)}
+    if tuple(entry["columns"]) != columns:
+        cells = {(b, a): v for (a, b), v in cells.items()}
+    return StratumQuota(columns, cells)
 
 
 def warn_on_shortfall(calibration: CalibrationResult) -> None:
