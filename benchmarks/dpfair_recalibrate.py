@@ -7,8 +7,8 @@
 A DPFairLLM run with ``generation.calibrate`` keeps every generated row in ``generated_pool.csv``. For each
 run and each variant (``name:field=value,field=value`` over ``CalibrationSettings``' fields, plus
 ``drop_sensitive_pairs=true``: the run's DP (column, A) tables left out of the release it reads;
-``rate_mix=m``: fair generation's target rates set to (1 - m) x P(Y = pos) + m x P(Y = pos | A = a) from
-the run's DP (A, target) table, 0 = parity; ``rates=Female/0.18;Male/0.14``: those target rates per group), this
+``rate_mix=m``: ``generation.fairness.rate_mix`` (target rates (1 - m) x P(Y = pos) + m x P(Y = pos | A = a)
+from the run's DP fairness statistics, 0 = parity); ``rates=Female/0.18;Male/0.14``: those target rates per group), this
 re-applies the pipeline's own calibration (``tabular.pipeline._calibrate``) to that pool and the run's
 ``dp_marginals.json``, then evaluates the released rows as the run's ``evaluate`` stage does (TSTR on the
 real test rows, 1- and 2-way TVD against the working set; no DCR/MIA). A variant of calibration settings
@@ -46,18 +46,6 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, fields
 
 
-def _mixed_rates(marginals: dict, schema, attribute: str, mix: float) -> dict[str, float]:
-    """Per group of ``attribute``: (1 - mix) x DP P(Y = pos) + mix x DP P(Y = pos | A = a), from the run's
-    DP (A, target) table (``pairs_with_target``)."""
-    target, positive = schema.target, schema.positive()
-    labels = [str(v) for v in marginals[target]["values"]]
-    table = np.maximum(np.asarray(marginals["pairs"][f"{attribute}|{target}"]["counts"], float), 0).reshape(-1, len(labels))
-    pos = labels.index(positive)
-    overall = table[:, pos].sum() / table.sum()
-    groups = [str(v) for v in marginals[attribute]["values"]]
-    return {g: float((1 - mix) * overall + mix * row[pos] / max(row.sum(), 1e-9)) for g, row in zip(groups, table)}
-
-
 def recalibrate(run: Path, fields: dict) -> dict:
     from dpsynth_core.tabular import pipeline, private_data
     from dpsynth_core.tabular.config import load_dpfair_config
@@ -79,8 +67,8 @@ def recalibrate(run: Path, fields: dict) -> dict:
     g = cfg.generation
     fair = g.fairness
     mix = fields.pop("rate_mix", None)
-    if mix is not None:  # target rates between parity (0) and the DP table's P(Y = pos | A = a) (1)
-        fair = fair.model_copy(update={"target_rates": _mixed_rates(marginals, schema, fair.attributes(schema.sensitive)[0], mix)})
+    if mix is not None:  # generation.fairness.rate_mix: between parity (0) and the DP P(Y = pos | A = a) (1)
+        fair = fair.model_copy(update={"rate_mix": float(mix), "target_rates": None})
     rates = fields.pop("rates", None)
     if rates is not None:  # explicit target rates per group: "Female/0.18;Male/0.14"
         pairs = (item.split("/") for item in str(rates).split(";") if item)
@@ -89,6 +77,9 @@ def recalibrate(run: Path, fields: dict) -> dict:
     cfg = cfg.model_copy(update={"generation": g.model_copy(update={"calibrate": cal, "fairness": fair})})
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / pipeline.MARGINALS_FILE).write_text(json.dumps(marginals))
+        for name in ("fair_targets.json", "schema_resolved.json"):  # rate_mix reads the DP fairness statistics
+            if (run / name).is_file():
+                (Path(tmp) / name).write_bytes((run / name).read_bytes())
         released = pipeline._calibrate(cfg, Path(tmp), schema, pool).frame
     private = private_data.load_private(cfg, run, schema)
     report = evaluate_table(released, private, private_data.load_test(cfg), schema, privacy=False)

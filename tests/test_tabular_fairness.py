@@ -62,6 +62,18 @@ def test_targets_from_counts():
         FairnessTargets.from_counts(counts, "sex", target_y={"<=50K": 0.3, ">50K": 0.3})
 
 
+def test_mixed_rates_run_from_parity_to_the_tables_own_group_rates():
+    """rate_mix's targets: 0 is P(Y = pos) for every group, 1 each group's own P(Y = pos | A), and a mix
+    in between keeps that share of the groups' difference (here 0.30 x 0.75 = 0.225 -> DP gap 0.225)."""
+    counts = {"Female": {"<=50K": 90.0, ">50K": 10.0}, "Male": {"<=50K": 60.0, ">50K": 40.0}}
+    ft = FairnessTargets.from_counts(counts, "sex")
+    assert ft.mixed_rates(">50K", 0.0) == pytest.approx({"Female": 0.25, "Male": 0.25})
+    assert ft.mixed_rates(">50K", 1.0) == pytest.approx({"Female": 0.10, "Male": 0.40})
+    half = ft.mixed_rates(">50K", 0.75)
+    assert half == pytest.approx({"Female": 0.1375, "Male": 0.3625})
+    assert half["Male"] - half["Female"] == pytest.approx(0.75 * (0.40 - 0.10))
+
+
 def test_penalty_reads_the_label_logits_and_shifts_each_group_towards_the_target(setup):
     schema, ser, tok, constraint = setup
     df = _biased_table(8)

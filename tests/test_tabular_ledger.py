@@ -367,6 +367,12 @@ def test_rerun_finished_or_changed_config(finished_run, capsys):
          "no DP 2-way table of"),
         ({"generation": {"num_rows": 16, "calibrate": {"enabled": True, "stratify": ["sex", "race", "education"]}}},
          "one column, or two different ones"),
+        ({"fairness": {"lambda_dp": 0.0, "lambda_eo": 0.0},
+          "generation": {"num_rows": 16, "fairness": {"enabled": True, "rate_mix": 0.5}}},
+         "rate_mix reads the DP P"),
+        ({"generation": {"num_rows": 16, "fairness": {"rate_mix": 0.5}}}, "rate_mix sets fair generation"),
+        ({"generation": {"num_rows": 16, "fairness": {"enabled": True, "rate_mix": 0.5, "target_rates": {"Male": 0.2}}}},
+         "not both"),
     ],
 )
 def test_bad_config_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys, override, message):
@@ -420,6 +426,28 @@ def test_stratified_pool_quota_is_the_dp_marginal_of_the_column(finished_run):
     assert quota.columns == ("sex",)
     assert quota.shares == pytest.approx(dict(zip([(str(v),) for v in dp["values"]], counts / counts.sum())))
     assert [quota.next()["sex"] for _ in range(3)] and sum(quota.counts.values()) == 3
+    assert len(PrivacyLedger.open(run).entries()) == entries
+
+
+def test_rate_mix_targets_come_from_the_runs_dp_fairness_statistics(finished_run):
+    """generation.fairness.rate_mix: the settings generation and calibration use carry explicit per-group
+    target rates between parity and the DP P(Y | A) of fair_targets.json; nothing new is charged, and
+    without a mix the settings are the config's."""
+    from dpsynth_core.tabular import pipeline
+    from dpsynth_core.tabular.config import load_dpfair_config
+    from dpsynth_core.tabular.fairness import load_targets
+
+    run, path, _ = finished_run
+    cfg = load_dpfair_config(path)
+    assert pipeline._generation_settings(cfg, run) is cfg.generation
+    fair = cfg.generation.fairness.model_copy(update={"rate_mix": 0.5})
+    cfg = cfg.model_copy(update={"generation": cfg.generation.model_copy(update={"fairness": fair})})
+    entries = len(PrivacyLedger.open(run).entries())
+    resolved = pipeline._generation_settings(cfg, run).fairness
+    sex = {t.sensitive: t for t in load_targets((run / "fair_targets.json").read_text())}["sex"]
+    expect = {a: (sex.target_y[">50K"] + sex.group_rates[a][">50K"]) / 2 for a in ("Female", "Male")}
+    assert resolved.targets_for("sex", ["sex"]) == pytest.approx(expect)
+    assert resolved.rate_mix == 0.0  # resolved once: the explicit rates are what the stages read
     assert len(PrivacyLedger.open(run).entries()) == entries
 
 

@@ -41,6 +41,12 @@ class FairGenerationSettings(StrictConfig):
     max_eo_gap: float | None = Field(None, ge=0)  # per attribute
     # optional target P(Y = pos | A = a): {group: rate} for the first attribute, or {attribute: {group: rate}}
     target_rates: dict[str, float] | dict[str, dict[str, float]] | None = None
+    # without target_rates, the target P(Y = pos | A = a) of every enforced attribute is
+    # (1 - rate_mix) x P(Y = pos) + rate_mix x P(Y = pos | A = a), both from the run's DP fairness
+    # statistics (fair_targets.json): 0 = demographic parity; between 0 and 1, labels that keep part of
+    # the groups' difference, which costs their true positives less (a smaller equalized-odds gap) for a
+    # parity gap of about rate_mix x the data's. Binary targets.
+    rate_mix: float = Field(0.0, ge=0, le=1)
     warmup_rows: Annotated[int, OUTPUT_ROWS_CAP] = Field(50, ge=0)  # accept unconditionally until this many rows
     # decoding-time tilt of the positive label's logit per group towards target_rates (or the overall
     # generated rate), beside the rejection sampler (tabular.fair_decoding); step of its controller
@@ -50,6 +56,10 @@ class FairGenerationSettings(StrictConfig):
     @model_validator(mode="after")
     def _check(self):
         _one_or_many(self.sensitive)
+        if self.rate_mix > 0 and not self.enabled:
+            raise ValueError("generation.fairness.rate_mix sets fair generation's targets: set enabled: true")
+        if self.rate_mix > 0 and self.target_rates:
+            raise ValueError("generation.fairness: give target_rates or rate_mix, not both")
         return self
 
     def attributes(self, schema_sensitive: list[str]) -> list[str]:

@@ -102,6 +102,12 @@ class FairnessTargets:
         return {y: self.group_rates[group][y] - self.target_y[y] for y in self.labels}
 
 
+    def mixed_rates(self, positive: str, mix: float) -> dict[str, float]:
+        """Per group a: (1 - mix) x t(pos) + mix x r[a](pos), from parity (0) to the table's own rates (1)."""
+        rates = self.group_rates or {}
+        return {a: (1 - mix) * self.target_y[positive] + mix * rates[a][positive] for a in rates}
+
+
 def dump_targets(targets: Sequence[FairnessTargets]) -> str:
     """``fair_targets.json``: one entry per sensitive attribute."""
     return json.dumps({"attributes": [asdict(t) for t in targets]}, indent=2)

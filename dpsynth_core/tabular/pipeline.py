@@ -88,6 +88,12 @@ def public_schema(cfg: DpFairConfig) -> TableSchema:
     if cfg.generation.calibrate.pairs_with_sensitive and not _pair_attributes(cfg, schema):
         raise ConfigError(f"{cfg.schema_path}: generation.calibrate.pairs_with_sensitive needs a sensitive attribute "
                           "among the run's columns")
+    mixed = cfg.generation.fairness.attributes(schema.sensitive) if cfg.generation.fairness.rate_mix > 0 else []
+    if mixed and not (cfg.fairness.enabled and set(mixed) <= set(sensitive_columns(cfg, schema))):
+        raise ConfigError(f"generation.fairness.rate_mix reads the DP P(Y | A) of {mixed} from the fairness statistics: "
+                          "enable fairness (lambda_dp / lambda_eo) for those attributes")
+    if mixed and len(schema.column(schema.target).categories or []) != 2:
+        raise ConfigError(f"generation.fairness.rate_mix needs a binary target; '{schema.target}' is not")
     strata = cfg.generation.calibrate.stratify_columns
     for column in strata:
         if column not in schema.names or not schema.column(column).is_categorical:
@@ -303,7 +309,7 @@ def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path, base_model: str)
     from dpsynth_core.tabular.generation import generate_rows
 
     ledger = _ledger(run)
-    g = cfg.generation
+    g = _generation_settings(cfg, run)
     model, tok = load_hf_model(base_model, adapter, resolve_placement(g.device, g.dtype, section="generation."))
     ledger.check("generate", PostProcessingEvent())
     t0 = time.time()
@@ -325,6 +331,21 @@ def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path, base_model: str)
     return {"rows": len(frame), "attempted": gen.attempted, "invalid": gen.invalid, "rejected": gen.rejected,
             "valid_fraction": gen.valid_fraction, "seconds": time.time() - t0, "gap_history": gen.gap_history[-5:],
             **({"calibration": calibration.summary()} if calibration is not None else {})}
+
+
+def _generation_settings(cfg: DpFairConfig, run: Path):
+    """``cfg.generation`` with ``fairness.rate_mix`` turned into explicit per-group ``target_rates`` (from
+    the run's DP fairness statistics: post-processing)."""
+    g = cfg.generation
+    mix = g.fairness.rate_mix
+    if mix <= 0 or not g.fairness.enabled:
+        return g
+    from dpsynth_core.tabular.fairness import load_targets
+
+    schema = resolved_schema(run)
+    targets = {t.sensitive: t for t in load_targets((run / "fair_targets.json").read_text())}
+    rates = {a: targets[a].mixed_rates(schema.positive(), mix) for a in g.fairness.attributes(schema.sensitive)}
+    return g.model_copy(update={"fairness": g.fairness.model_copy(update={"rate_mix": 0.0, "target_rates": rates})})
 
 
 def _strata(cfg: DpFairConfig, run: Path) -> StratumQuota | None:
@@ -365,7 +386,7 @@ def _calibrate(cfg: DpFairConfig, run: Path, schema: TableSchema, pool: pd.DataF
     """Rake the generated pool to the run's DP marginals (and, for fair generation, to demographic parity)."""
     from dpsynth_core.tabular.calibrate import calibrate_rows, fairness_margins, margins_from_dp, pair_margins_from_dp, rake
 
-    g = cfg.generation
+    g = _generation_settings(cfg, run)
     marginals = json.loads((run / MARGINALS_FILE).read_text())
     margins = margins_from_dp(marginals, schema)
     fair, parity = g.fairness, []
