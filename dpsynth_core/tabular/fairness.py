@@ -101,7 +101,6 @@ class FairnessTargets:
             return {y: 0.0 for y in self.labels}
         return {y: self.group_rates[group][y] - self.target_y[y] for y in self.labels}
 
-
     def mixed_rates(self, positive: str, mix: float) -> dict[str, float]:
         """Per group a: (1 - mix) x t(pos) + mix x r[a](pos), from parity (0) to the table's own rates (1)."""
         rates = self.group_rates or {}

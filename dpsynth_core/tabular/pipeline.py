@@ -49,7 +49,7 @@ from dpsynth_core.files import atomic_write_text
 from dpsynth_core.run_lock import locked_run
 from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir
 from dpsynth_core.tabular import private_data
-from dpsynth_core.tabular.config import DpFairConfig, TableRunConfig
+from dpsynth_core.tabular.config import DpFairConfig, GenerationSettings, TableRunConfig
 from dpsynth_core.tabular.schema import TableSchema, load_schema
 
 if TYPE_CHECKING:  # imported where used: generation needs torch, calibration only numpy
@@ -333,7 +333,7 @@ def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path, base_model: str)
             **({"calibration": calibration.summary()} if calibration is not None else {})}
 
 
-def _generation_settings(cfg: DpFairConfig, run: Path):
+def _generation_settings(cfg: DpFairConfig, run: Path) -> GenerationSettings:
     """``cfg.generation`` with ``fairness.rate_mix`` turned into explicit per-group ``target_rates`` (from
     the run's DP fairness statistics: post-processing)."""
     g = cfg.generation
