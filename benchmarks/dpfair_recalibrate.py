@@ -47,6 +47,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
 
 
 def recalibrate(run: Path, fields: dict) -> dict:
+    from dpsynth_core.privacy.ledger import LEDGER_FILE
     from dpsynth_core.tabular import pipeline, private_data
     from dpsynth_core.tabular.config import load_dpfair_config
     from dpsynth_core.tabular.evaluate import evaluate_table, summary_row
@@ -77,7 +78,7 @@ def recalibrate(run: Path, fields: dict) -> dict:
     cfg = cfg.model_copy(update={"generation": g.model_copy(update={"calibrate": cal, "fairness": fair})})
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / pipeline.MARGINALS_FILE).write_text(json.dumps(marginals))
-        for name in ("fair_targets.json", "schema_resolved.json"):  # rate_mix reads the DP fairness statistics
+        for name in ("fair_targets.json", "schema_resolved.json", LEDGER_FILE):  # rate_mix: the DP (A, Y) tables, their noise
             if (run / name).is_file():
                 (Path(tmp) / name).write_bytes((run / name).read_bytes())
         released = pipeline._calibrate(cfg, Path(tmp), schema, pool).frame

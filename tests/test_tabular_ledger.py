@@ -429,26 +429,63 @@ def test_stratified_pool_quota_is_the_dp_marginal_of_the_column(finished_run):
     assert len(PrivacyLedger.open(run).entries()) == entries
 
 
-def test_rate_mix_targets_come_from_the_runs_dp_fairness_statistics(finished_run):
-    """generation.fairness.rate_mix: the settings generation and calibration use carry explicit per-group
-    target rates between parity and the DP P(Y | A) of fair_targets.json; nothing new is charged, and
-    without a mix the settings are the config's."""
+def test_rate_mix_targets_pool_every_dp_release_of_the_group_label_table(tmp_path, finished_run):
+    """generation.fairness.rate_mix: explicit per-group target rates between parity and the DP
+    P(Y | A), where the (A, Y) table is the least-squares pool of the fairness statistics' table and the
+    marginals' releases of it, each weighted by the noise scale the ledger recorded for it; nothing new is
+    charged; a fair_targets.json from before the counts were kept gives its own rates; without a mix the
+    settings are the config's."""
+    import shutil
+
     from dpsynth_core.tabular import pipeline
     from dpsynth_core.tabular.config import load_dpfair_config
-    from dpsynth_core.tabular.fairness import load_targets
 
-    run, path, _ = finished_run
+    finished, path, _ = finished_run
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
     cfg = load_dpfair_config(path)
     assert pipeline._generation_settings(cfg, run) is cfg.generation
     fair = cfg.generation.fairness.model_copy(update={"rate_mix": 0.5})
     cfg = cfg.model_copy(update={"generation": cfg.generation.model_copy(update={"fairness": fair})})
+    sigma = {e.stage: e.details["sigma"] for e in PrivacyLedger.open(run).entries() if "sigma" in e.details}
+    groups, labels = ["Female", "Male"], ["<=50K", ">50K"]
+
+    def release(fair_table, marginal_table):  # replace both releases of the (sex, income) table
+        targets = json.loads((run / "fair_targets.json").read_text())
+        targets["attributes"][0]["counts"] = {a: dict(zip(labels, row)) for a, row in zip(groups, fair_table)}
+        (run / "fair_targets.json").write_text(json.dumps(targets))
+        marginals = json.loads((run / "dp_marginals.json").read_text())
+        marginals["pairs"] = {"sex|income": {"columns": ["sex", "income"], "counts": np.ravel(marginal_table).tolist()}}
+        marginals["sex"]["counts"] = np.sum(marginal_table, 1).tolist()
+        marginals["income"]["counts"] = np.sum(marginal_table, 0).tolist()
+        (run / "dp_marginals.json").write_text(json.dumps(marginals))
+
+    def resolved():
+        return pipeline._generation_settings(cfg, run).fairness.targets_for("sex", ["sex"])
+
     entries = len(PrivacyLedger.open(run).entries())
-    resolved = pipeline._generation_settings(cfg, run).fairness
-    sex = {t.sensitive: t for t in load_targets((run / "fair_targets.json").read_text())}["sex"]
-    expect = {a: (sex.target_y[">50K"] + sex.group_rates[a][">50K"]) / 2 for a in ("Female", "Male")}
-    assert resolved.targets_for("sex", ["sex"]) == pytest.approx(expect)
-    assert resolved.rate_mix == 0.0  # resolved once: the explicit rates are what the stages read
+    table = np.array([[90.0, 10.0], [60.0, 40.0]])  # P(>50K | A): 0.1, 0.4; P(>50K) = 0.25
+    release(table, table)  # releases that agree: their table
+    assert resolved() == pytest.approx({"Female": (0.25 + 0.1) / 2, "Male": (0.25 + 0.4) / 2})
+    disagree = np.array([[70.0, 30.0], [60.0, 40.0]])  # the fairness table says 0.3 for women, the marginals 0.1
+    release(disagree, table)
+    # weighted least squares over the four releases (2x2 tables, row and column sums), solved here with lstsq
+    design = np.vstack([np.eye(4), np.eye(4), np.kron(np.eye(2), np.ones(2)), np.kron(np.ones(2), np.eye(2))])
+    values = np.concatenate([disagree.ravel(), table.ravel(), table.sum(1), table.sum(0)])
+    scale = np.repeat([1 / sigma["dp_fair_stats"], 1 / sigma["dp_marginals"]], [4, 8])
+    cells = np.linalg.lstsq(design * scale[:, None], values * scale, rcond=None)[0].reshape(2, 2)
+    overall = cells[:, 1].sum() / cells.sum()
+    expect = {a: (overall + cells[i, 1] / cells[i].sum()) / 2 for i, a in enumerate(groups)}
+    assert resolved() == pytest.approx(expect)
+    assert (0.25 + 0.1) / 2 < expect["Female"] < (0.35 + 0.3) / 2  # between the two answers
+    assert pipeline._generation_settings(cfg, run).fairness.rate_mix == 0.0  # resolved once: the stages read the rates
     assert len(PrivacyLedger.open(run).entries()) == entries
+
+    targets = json.loads((run / "fair_targets.json").read_text())  # written before counts were kept
+    del targets["attributes"][0]["counts"]
+    (run / "fair_targets.json").write_text(json.dumps(targets))
+    own = targets["attributes"][0]
+    assert resolved() == pytest.approx({a: (own["target_y"][">50K"] + own["group_rates"][a][">50K"]) / 2 for a in groups})
 
 
 def test_two_column_strata_come_from_the_released_2way_table(tmp_path, finished_run):

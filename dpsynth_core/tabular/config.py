@@ -42,10 +42,11 @@ class FairGenerationSettings(StrictConfig):
     # optional target P(Y = pos | A = a): {group: rate} for the first attribute, or {attribute: {group: rate}}
     target_rates: dict[str, float] | dict[str, dict[str, float]] | None = None
     # without target_rates, the target P(Y = pos | A = a) of every enforced attribute is
-    # (1 - rate_mix) x P(Y = pos) + rate_mix x P(Y = pos | A = a), both from the run's DP fairness
-    # statistics (fair_targets.json): 0 = demographic parity; between 0 and 1, labels that keep part of
-    # the groups' difference, which costs their true positives less (a smaller equalized-odds gap) for a
-    # parity gap of about rate_mix x the data's. Binary targets.
+    # (1 - rate_mix) x P(Y = pos) + rate_mix x P(Y = pos | A = a), both from the run's DP (A, Y) table
+    # (fair_targets.json, pooled with the marginals' releases of it: tabular.dp_pooling): 0 = demographic
+    # parity; between 0 and 1, labels that keep part of the groups' difference, which costs their true
+    # positives less (a smaller equalized-odds gap) for a parity gap of about rate_mix x the data's.
+    # Binary targets.
     rate_mix: float = Field(0.0, ge=0, le=1)
     warmup_rows: Annotated[int, OUTPUT_ROWS_CAP] = Field(50, ge=0)  # accept unconditionally until this many rows
     # decoding-time tilt of the positive label's logit per group towards target_rates (or the overall

@@ -75,6 +75,7 @@ class FairnessTargets:
     weights: dict[str, dict[str, float]]  # w[a][y] = P(y) / P(y | a)
     group_rates: dict[str, dict[str, float]] | None = None  # r[a][y] = P(y | a); None: t (no shift)
     label_prior: dict[str, float] | None = None  # P(Y) of the (DP) table, whatever target_y says
+    counts: dict[str, dict[str, float]] | None = None  # the (DP) table itself: pooled with the run's other releases
 
     @classmethod
     def from_counts(
@@ -93,7 +94,8 @@ class FairnessTargets:
         t = dict(target_y) if target_y else p_y
         if set(t) != set(labels) or abs(sum(t.values()) - 1.0) > 1e-6:
             raise ConfigError(f"fairness target_y must give a probability for each label {labels} summing to 1")
-        return cls(sensitive=sensitive, labels=labels, target_y=t, weights=weights, group_rates=rates, label_prior=p_y)
+        return cls(sensitive=sensitive, labels=labels, target_y=t, weights=weights, group_rates=rates, label_prior=p_y,
+                   counts={a: {y: float(counts[a][y]) for y in labels} for a in groups})
 
     def shift(self, group: str) -> dict[str, float]:
         """c[a] = r[a] - t: the per-group shift of the DP term (sums to 0 over the labels)."""

@@ -54,6 +54,7 @@ from dpsynth_core.tabular.schema import TableSchema, load_schema
 
 if TYPE_CHECKING:  # imported where used: generation needs torch, calibration only numpy
     from dpsynth_core.tabular.calibrate import CalibrationResult
+    from dpsynth_core.tabular.fairness import FairnessTargets
     from dpsynth_core.tabular.generation import StratumQuota
 
 log = logging.getLogger(__name__)
@@ -330,12 +331,13 @@ def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path, base_model: str)
     ledger.record("generate", PostProcessingEvent(), details={"rows": len(frame)})
     return {"rows": len(frame), "attempted": gen.attempted, "invalid": gen.invalid, "rejected": gen.rejected,
             "valid_fraction": gen.valid_fraction, "seconds": time.time() - t0, "gap_history": gen.gap_history[-5:],
-            **({"calibration": calibration.summary()} if calibration is not None else {})}
+            **({"calibration": calibration.summary()} if calibration is not None else {}),
+            **({"target_rates": g.fairness.target_rates} if cfg.generation.fairness.rate_mix > 0 else {})}
 
 
 def _generation_settings(cfg: DpFairConfig, run: Path) -> GenerationSettings:
     """``cfg.generation`` with ``fairness.rate_mix`` turned into explicit per-group ``target_rates`` (from
-    the run's DP fairness statistics: post-processing)."""
+    the run's DP releases of the (A, Y) table, pooled: post-processing)."""
     g = cfg.generation
     mix = g.fairness.rate_mix
     if mix <= 0 or not g.fairness.enabled:
@@ -344,8 +346,30 @@ def _generation_settings(cfg: DpFairConfig, run: Path) -> GenerationSettings:
 
     schema = resolved_schema(run)
     targets = {t.sensitive: t for t in load_targets((run / "fair_targets.json").read_text())}
-    rates = {a: targets[a].mixed_rates(schema.positive(), mix) for a in g.fairness.attributes(schema.sensitive)}
+    rates = {a: _pooled_targets(cfg, run, schema, targets[a]).mixed_rates(schema.positive(), mix)
+             for a in g.fairness.attributes(schema.sensitive)}
     return g.model_copy(update={"fairness": g.fairness.model_copy(update={"rate_mix": 0.0, "target_rates": rates})})
+
+
+def _pooled_targets(cfg: DpFairConfig, run: Path, schema: TableSchema, fair: FairnessTargets) -> FairnessTargets:
+    """``fair``'s (A, Y) table estimated from every release of it in this run (``tabular.dp_pooling``:
+    the fairness statistics, the marginals' 2-way and 1-way tables, with the noise scales the ledger
+    recorded). A run from before the fairness statistics kept their counts: ``fair`` itself."""
+    from dpsynth_core.tabular.dp_pooling import group_label_measurements, pooled_group_label_counts
+    from dpsynth_core.tabular.fairness import FairnessTargets
+
+    if fair.counts is None:
+        return fair
+    sigmas = {e.stage: e.details["sigma"] for e in _ledger(run).entries() if "sigma" in e.details}
+    marginals = json.loads((run / MARGINALS_FILE).read_text()) if (run / MARGINALS_FILE).is_file() else None
+    groups = list(fair.counts)
+    measurements = group_label_measurements(
+        fair.sensitive, schema.target, groups, fair.labels, fair_counts=fair.counts, fair_sigma=sigmas.get("dp_fair_stats"),
+        marginals=marginals, marginals_sigma=sigmas.get("dp_marginals"))
+    if not any(m.design.shape[0] == m.design.shape[1] for m in measurements):  # no whole table: nothing to pool
+        return fair
+    counts = pooled_group_label_counts(groups, fair.labels, measurements)
+    return FairnessTargets.from_counts(counts, fair.sensitive, target_y=cfg.fairness.target_y)
 
 
 def _strata(cfg: DpFairConfig, run: Path) -> StratumQuota | None:
