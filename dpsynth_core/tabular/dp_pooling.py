@@ -13,10 +13,10 @@ is the minimum-variance unbiased linear combination of them (Gauss-Markov). The 
 ones the ledger recorded for each release. Released values were clamped at a floor before release,
 which biases cells near 0 upwards; the estimate keeps that bias and is floored again.
 
-Why it matters: at epsilon = 1 on 1,000 Adult rows the fairness statistics get epsilon 0.05
-(sigma 42.5) and the marginals sigma 26.1 per cell, for a female high-income cell of about 35 rows;
-in simulation the female P(Y = pos | A) error (RMSE) is 0.099 from the fairness table alone, 0.071
-from the marginals' table, 0.049 from all four releases together.
+Why it matters: with the shipped configs' split at epsilon = 1 on 1,000 Adult rows the fairness
+statistics get epsilon 0.05 (sigma 42.5) and the marginals sigma 26.1 per cell, for a female
+high-income cell of about 35 rows; simulated, the error (RMSE) of the female P(Y = pos | A) is 0.099
+from the fairness table alone, 0.071 from the marginals' table, 0.049 from all four releases pooled.
 """
 
 from __future__ import annotations
