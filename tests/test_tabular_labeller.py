@@ -56,6 +56,28 @@ def test_naive_bayes_score_orders_rows_by_the_tables():
     assert t[2] == pytest.approx(t[3])
 
 
+def test_prior_rows_shrink_a_sparse_noisy_cell_and_leave_a_full_one_its_say():
+    """label_prior: pseudo-rows in the label's shares pull each table's log-likelihood ratio towards 0,
+    most where the cell holds few rows: noisy counts of 6 against 2 no longer outweigh a cell of 250."""
+    dp = {**DP, "pairs": {"age|income": {"columns": ["age", "income"],  # the last bin: 2 vs 6, pure noise at sd 17
+                                         "counts": [290.0, 10.0, 300.0, 100.0, 140.0, 110.0, 2.0, 6.0]}}}
+    rows = pd.DataFrame({"age": [10, 60, 90], "job": "clerk", "sex": "M", "income": "<=50K"})
+    raw = naive_bayes_log_odds(rows, dp, "income", ">50K")
+    shrunk = naive_bayes_log_odds(rows, dp, "income", ">50K", prior_rows=17.0)
+    prior = np.log(251 / 751)
+    term = lambda s: s - prior  # noqa: E731  (one table: the score is the prior plus its term)
+    assert term(raw)[2] > term(raw)[1] > 0 > term(raw)[0]  # raw: the empty old bin says "rich" loudest
+    assert term(shrunk)[1] > term(shrunk)[2] > 0  # shrunk: the full bin [50, 75) outranks it
+    assert abs(term(shrunk)[2]) < 0.5 * abs(term(raw)[2])  # the sparse cell moved most ...
+    assert abs(term(shrunk)[1]) > 0.8 * abs(term(raw)[1])  # ... the 250-row one little
+    # by hand: pseudo-rows 17 x P(y) per cell, P(y) from the label's marginal (+1 as before)
+    p_y = np.array([751.0, 251.0]) / 1002.0
+    cells = np.array(dp["pairs"]["age|income"]["counts"]).reshape(-1, 2) + 1.0 + 17.0 * p_y
+    given = cells / cells.sum(0)
+    assert term(shrunk)[2] == pytest.approx(np.log(given[3, 1] / given[3, 0]))
+    np.testing.assert_allclose(naive_bayes_log_odds(rows, dp, "income", ">50K", prior_rows=0.0), raw)
+
+
 def test_rank_labels_take_the_rate_of_each_group_from_the_top():
     scores = np.array([5.0, 1.0, 4.0, 0.0, 3.0, 2.0, -1.0, 6.0])
     assert rank_labels(scores, 0.25).tolist() == [True, False, False, False, False, False, False, True]
@@ -177,6 +199,31 @@ def test_the_pipeline_relabels_the_pool_before_raking_and_selection(tmp_path, mo
     plain = pipeline._calibrate(kept, tmp_path, SCHEMA, pool).frame
     rich = plain["income"] == ">50K"
     assert abs(plain.loc[rich, "age"].mean() - plain.loc[~rich, "age"].mean()) < 8  # the pool's labels: no signal
+
+
+def test_label_prior_is_counted_in_the_marginals_noise_sd_the_ledger_recorded(tmp_path, monkeypatch):
+    """calibrate.label_prior: k pseudo-rows per cell in units of the dp_marginals release's noise sd, read
+    from the run's ledger; a ledger without that release is a clear error, not a silent 0."""
+    from dpsynth_core.privacy import GaussianEvent, PrivacyLedger
+    from dpsynth_core.tabular import labeller, pipeline
+    from dpsynth_core.tabular.config import DpFairConfig
+
+    (tmp_path / pipeline.MARGINALS_FILE).write_text(json.dumps(DP))
+    base = {"name": "t", "output_dir": str(tmp_path), "epsilon": 1.0, "budget": {"marginals": 0.2},
+            "fairness": {"sensitive": "sex"},
+            "generation": {"num_rows": 100, "fairness": {"enabled": True, "sensitive": "sex"},
+                           "calibrate": {"enabled": True, "pairs_with_target": True, "labels": "dp_tables",
+                                         "label_prior": 2.0}}}
+    cfg = DpFairConfig.model_validate(base)
+    seen = []
+    real = labeller.naive_bayes_log_odds
+    monkeypatch.setattr(labeller, "naive_bayes_log_odds", lambda *a, **k: seen.append(a[-1]) or real(*a, **k))
+    ledger = PrivacyLedger.create(tmp_path, "toy", 1.0, 1e-5)
+    with pytest.raises(ConfigError, match="no noise scale for stage 'dp_marginals'"):
+        pipeline._calibrate(cfg, tmp_path, SCHEMA, _rows(300))
+    ledger.record("dp_marginals", GaussianEvent(noise_multiplier=20.0, compositions=4), details={"sigma": 20.0})
+    pipeline._calibrate(cfg, tmp_path, SCHEMA, _rows(300))
+    assert seen == [40.0]
 
 
 def test_pairs_with_sensitive_keep_the_proxy_tie_with_labels_at_parity(tmp_path):

@@ -120,6 +120,37 @@ def test_dp_pair_marginals_with_the_target_are_more_compositions_of_the_same_eve
         dp_marginals(adult_sample, schema, epsilon=0.1, ledger=ledger, pairs_with="age")
 
 
+def test_pair_tables_bin_numeric_columns_on_their_own_coarser_cells_at_the_same_cost(tmp_path, adult_sample):
+    """calibrate.pair_bins: a numeric column's cells in the 2-way tables are coarser than its 1-way
+    histogram's; the ledger charges the same event (the compositions do not change), and the table's
+    consumers (raking margins, the labeller's score) read its own edges."""
+    from dpsynth_core.tabular.calibrate import pair_margins_from_dp
+    from dpsynth_core.tabular.labeller import naive_bayes_log_odds
+
+    schema = load_schema(ADULT_SCHEMA).select(["age", "education", "sex", "income"])
+    fine, coarse = (PrivacyLedger.create(tmp_path / name, "adult", 4.0, 1e-5) for name in ("fine", "coarse"))
+    dp_marginals(adult_sample, schema, epsilon=2.0, ledger=fine, bins=8, pairs_with="income")
+    released = dp_marginals(adult_sample, schema, epsilon=2.0, ledger=coarse, bins=8, pairs_with="income", pair_bins=3)
+    (a,), (b,) = fine.entries(), coarse.entries()
+    assert a.params == b.params and b.details["pair_bins"] == 3 and "pair_bins" not in a.details
+    assert len(released["age"]["counts"]) == 8 and len(released["age"]["edges"]) == 9  # the 1-way histogram keeps its bins
+    age = released["pairs"]["age|income"]
+    assert len(age["counts"]) == 3 * 2 and np.allclose(age["edges"], np.linspace(schema.column("age").min,
+                                                                                   schema.column("age").max, 4))
+    assert "edges" not in released["pairs"]["education|income"]  # categorical columns keep their categories
+    sigma = calibrate_gaussian_noise(2.0, 1e-5, compositions=4 + 3)
+    edges = np.asarray(age["edges"])
+    code = np.clip(np.searchsorted(edges, adult_sample.age.to_numpy(float), side="right") - 1, 0, 2)
+    exact = pd.crosstab(code, adult_sample.income).reindex(columns=["<=50K", ">50K"], fill_value=0).to_numpy().ravel()
+    assert max(abs(x - y) for x, y in zip(age["counts"], exact)) < 6 * sigma
+    margin = {m.name: m for m in pair_margins_from_dp(released, schema)}["age|income"]
+    assert len(margin.target) == 6 and np.abs(margin.shares(adult_sample) - margin.target).sum() / 2 < 0.1
+    # the labeller's score takes one value per coarse age cell (education, sex held fixed)
+    rows = adult_sample.assign(education=adult_sample.education.iloc[0], sex="Female")
+    scores = naive_bayes_log_odds(rows, released, "income", ">50K")
+    assert len(np.unique(np.round(scores, 9))) == len(np.unique(code))
+
+
 def _tiny_config(tmp_path: Path, **over) -> Path:
     cfg = {
         "name": "t", "output_dir": str(tmp_path / "runs"), "schema_path": str(ADULT_SCHEMA),

@@ -39,7 +39,7 @@ import pandas as pd
 from dpsynth_core.tabular.schema import TableSchema
 
 __all__ = ["CalibrationResult", "Margin", "balanced_selection", "calibrate_rows", "column_margin", "fairness_margins",
-           "margins_from_dp", "pair_margins_from_dp", "rake", "systematic_pps"]
+           "margins_from_dp", "pair_column_margin", "pair_margins_from_dp", "rake", "systematic_pps"]
 
 
 @dataclass
@@ -117,13 +117,21 @@ def pair_margins_from_dp(marginals: dict[str, dict], schema: TableSchema, skip: 
         target = _shares(entry["counts"])
         if col in skip or not target.any():
             continue
-        edges, values = {}, {y: [str(v) for v in marginals[y]["values"]]}
-        if marginals[col]["kind"] == "numeric":
-            edges[col] = np.asarray(marginals[col]["edges"], float)
-        else:
-            values[col] = [str(v) for v in marginals[col]["values"]]
-        out.append(Margin(name=name, columns=(col, y), target=target, edges=edges, values=values))
+        values = {y: [str(v) for v in marginals[y]["values"]]}
+        first = pair_column_margin(marginals, entry)
+        out.append(Margin(name=name, columns=(col, y), target=target, edges=first.edges,
+                          values={**values, **first.values}))
     return out
+
+
+def pair_column_margin(marginals: dict[str, dict], entry: dict) -> Margin:
+    """The cells of a 2-way table's first column: its own numeric bins when the table has them
+    (``dp_marginals(pair_bins=...)``), else the column's 1-way cells. Its target is not meaningful."""
+    col = entry["columns"][0]
+    if "edges" in entry:
+        edges = np.asarray(entry["edges"], float)
+        return Margin(name=col, columns=(col,), target=np.zeros(len(edges) - 1), edges={col: edges})
+    return column_margin(marginals, col)
 
 
 def fairness_margins(marginals: dict[str, dict], attributes: list[str], target: str,

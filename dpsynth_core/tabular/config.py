@@ -99,6 +99,9 @@ class CalibrationSettings(StrictConfig):
     fairness: bool = True
     pairs_with_target: bool = False
     pairs_with_sensitive: bool = False
+    # equal-width bins of a numeric column in those 2-way tables (None: the 1-way marginals' bins,
+    # training.public_stage.marginal_bins); coarser cells hold more rows against the same noise
+    pair_bins: int | None = Field(None, ge=2, le=256)
     # which rows of the raked pool are released: greedily matching the margins (balanced) or by the weights
     # (pps). Adult, eps = 1, 3 seeds: released 1-way TVD 0.101 +- 0.015 balanced vs 0.163 +- 0.041 pps
     select: Literal["pps", "balanced"] = "balanced"
@@ -108,6 +111,9 @@ class CalibrationSettings(StrictConfig):
     # dp_tables: rank score + label_temperature x logistic noise (0: the plain ranking; larger: labels less
     # tied to the features, fairness gaps and F1 both lower)
     label_temperature: float = Field(0.0, ge=0, le=100)
+    # dp_tables: pseudo-rows added to every cell of the (column, target) tables before the score reads
+    # them, in units of the tables' noise sd (from the ledger): noisy sparse cells shrink towards no evidence
+    label_prior: float = Field(0.0, ge=0, le=100)
     # dp_tables: where each group's cut is taken: the pool as generated, or the pool raked to the DP
     # feature tables (1-way, and (column, A) with pairs_with_sensitive), i.e. where the data's rows of that
     # group would reach the rate

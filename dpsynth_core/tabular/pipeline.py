@@ -207,7 +207,8 @@ def stage_marginals(cfg: DpFairConfig, root: str) -> dict:
     private = private_data.load_private(cfg, run, schema)
     pairs_with = _pair_anchors(cfg, schema)
     marginals = dp_marginals(private, schema, epsilon=cfg.epsilon * cfg.budget.marginals, ledger=_ledger(run),
-                             bins=cfg.training.public_stage.marginal_bins, pairs_with=pairs_with)
+                             bins=cfg.training.public_stage.marginal_bins, pairs_with=pairs_with,
+                             pair_bins=cfg.generation.calibrate.pair_bins)
     atomic_write_text(run / MARGINALS_FILE, json.dumps(marginals, indent=1))
     return {"columns": [c for c in marginals if c != "pairs"], **({"pairs_with": pairs_with} if pairs_with else {})}
 
@@ -372,6 +373,15 @@ def _pooled_targets(cfg: DpFairConfig, run: Path, schema: TableSchema, fair: Fai
     return FairnessTargets.from_counts(counts, fair.sensitive, target_y=cfg.fairness.target_y)
 
 
+def _noise_sd(run: Path, stage: str) -> float:
+    """The Gaussian noise sd per cell the ledger recorded for ``stage``'s release (public: a function of
+    its epsilon, delta and compositions)."""
+    sigmas = [e.details["sigma"] for e in _ledger(run).entries() if e.stage == stage and "sigma" in e.details]
+    if not sigmas:
+        raise ConfigError(f"{run}: the ledger has no noise scale for stage '{stage}'")
+    return float(sigmas[-1])
+
+
 def _strata(cfg: DpFairConfig, run: Path) -> StratumQuota | None:
     """``calibrate.stratify``'s quota: one column's DP 1-way marginal, or two columns' DP 2-way table
     (post-processing of the marginals stage)."""
@@ -426,9 +436,11 @@ def _calibrate(cfg: DpFairConfig, run: Path, schema: TableSchema, pool: pd.DataF
         weights = None
         if g.calibrate.label_cut == "raked":  # the feature tables only: the label is what is being set
             weights, _ = rake(pool, [m for m in margins if schema.target not in m.columns], max_weight=g.calibrate.max_weight)
+        prior_rows = g.calibrate.label_prior * _noise_sd(run, "dp_marginals") if g.calibrate.label_prior else 0.0
         pool = relabel_from_dp_tables(pool, marginals, schema.target, schema.positive(), skip=tuple(parity),
                                       group_by=tuple(parity), rates=fair.targets_for(single, parity) if single else None,
-                                      temperature=g.calibrate.label_temperature, seed=g.seed, weights=weights)
+                                      temperature=g.calibrate.label_temperature, seed=g.seed, weights=weights,
+                                      prior_rows=prior_rows)
     return calibrate_rows(pool, margins, g.num_rows, seed=g.seed, max_weight=g.calibrate.max_weight,
                           select=g.calibrate.select)
 
