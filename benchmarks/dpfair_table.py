@@ -46,6 +46,7 @@ def _method(run: Path, summary: dict) -> str:
         how += ", balanced selection" if calibrate.get("select") == "balanced" else ""
         if calibrate.get("labels") == "dp_tables":
             how += ", labels from the DP tables" + (f" (T = {calibrate['label_temperature']:g})" if calibrate.get("label_temperature") else "")
+            how += f" with {calibrate['label_prior']:g} noise sd of pseudo-rows" if calibrate.get("label_prior") else ""
     training = (cfg or {}).get("training") or {}
     if training.get("steps") and training.get("expected_batch_size"):  # runs at different DP-SGD lengths differ
         how += f", DP-SGD {training['steps']}x{training['expected_batch_size']}"

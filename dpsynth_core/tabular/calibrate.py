@@ -125,8 +125,8 @@ def pair_margins_from_dp(marginals: dict[str, dict], schema: TableSchema, skip: 
 
 
 def pair_column_margin(marginals: dict[str, dict], entry: dict) -> Margin:
-    """The cells of a 2-way table's first column: its own numeric bins when the table has them
-    (``dp_marginals(pair_bins=...)``), else the column's 1-way cells. Its target is not meaningful."""
+    """A margin over the cells of a 2-way table's first column, for its ``cells``: the table's own numeric
+    bins when it has them (``dp_marginals(pair_bins=...)``), else the column's 1-way cells (and target)."""
     col = entry["columns"][0]
     if "edges" in entry:
         edges = np.asarray(entry["edges"], float)
