@@ -9,6 +9,7 @@ SIGKILL its whole group as a node crash) without touching any other Ray on the m
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -28,9 +29,21 @@ _NODE_PORTS = ("dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metr
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int, avoid: frozenset[int] = frozenset()) -> list[int]:
+    """``n`` distinct free ports, none in ``avoid`` (ports picked earlier, not yet bound by Ray). Every
+    socket stays bound until all are picked: asked one at a time, the OS can hand the same port out
+    twice, and ``ray start`` then refuses ("trying to use a port number ... used by other components")."""
+    with contextlib.ExitStack() as stack:
+        ports: list[int] = []
+        while len(ports) < n:
+            s = stack.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            if s.getsockname()[1] not in avoid:
+                ports.append(s.getsockname()[1])
+        return ports
 
 
 def cluster_env() -> dict[str, str]:
@@ -49,13 +62,17 @@ class LocalCluster:
 
     temp_dir: Path
     env: dict[str, str] = field(default_factory=cluster_env)
-    gcs_port: int = field(default_factory=free_port)
-    dashboard_port: int = field(default_factory=free_port)
+    gcs_port: int = 0  # 0: two distinct free ports for these two
+    dashboard_port: int = 0
     nodes: list[subprocess.Popen] = field(default_factory=list)
     # Ray's AF_UNIX socket paths (under --temp-dir) must stay below 108 bytes; pytest's tmp paths
     # (longer under xdist: .../popen-gw0/...) do not, so Ray's own files go to a short /tmp dir.
     ray_temp_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp")))
     node_temp_dirs: list[Path] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not (self.gcs_port and self.dashboard_port):
+            self.gcs_port, self.dashboard_port = free_ports(2)
 
     @property
     def address(self) -> str:
@@ -66,8 +83,10 @@ class LocalCluster:
     def gcs_address(self) -> str:
         return f"127.0.0.1:{self.gcs_port}"
 
-    def _start(self, args: list[str]) -> subprocess.Popen:
-        ports = [f"--{name}={free_port()}" for name in _NODE_PORTS]
+    def _start(self, args: list[str], more_ports: tuple[str, ...] = ()) -> subprocess.Popen:
+        names = (*_NODE_PORTS, *more_ports)
+        picked = free_ports(len(names), avoid=frozenset({self.gcs_port, self.dashboard_port}))
+        ports = [f"--{name}={port}" for name, port in zip(names, picked)]
         cmd = [str(BIN / "ray"), "start", "--node-ip-address=127.0.0.1", "--disable-usage-stats", *ports, *args,
                "--block"]
         log = open(self.temp_dir / f"ray-start-{len(self.nodes)}.log", "wb")  # why a node did not start
@@ -79,8 +98,8 @@ class LocalCluster:
     def start_head(self, num_cpus: int = 1) -> None:
         head = self._start(["--head", f"--port={self.gcs_port}", "--dashboard-host=127.0.0.1",
                             f"--dashboard-port={self.dashboard_port}", f"--num-cpus={num_cpus}",
-                            "--include-dashboard=true", f"--ray-client-server-port={free_port()}",
-                            f"--temp-dir={self.ray_temp_dir}"])
+                            "--include-dashboard=true", f"--temp-dir={self.ray_temp_dir}"],
+                           more_ports=("ray-client-server-port",))
         _wait_for_dashboard(self.dashboard_port, head)
         self._wait(lambda nodes: len(nodes) >= 1, head, "the head did not register", 300.0)  # slow on a loaded machine
 
