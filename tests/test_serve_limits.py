@@ -206,7 +206,10 @@ def test_ready_reports_overload_while_health_stays_liveness(served):
             _wait_ready(url, timeout=15)
             if attempt == 2:
                 raise
-    r = httpx.get(url + "/ready", timeout=10)
+    for _ in range(3):  # a loaded machine can miss the probe's 1 s ("not answering"): ask again while in flight
+        r = httpx.get(url + "/ready", timeout=10)
+        if r.json()["models"]["slow"].startswith("saturated"):
+            break
     assert r.status_code == 503 and r.json()["models"]["slow"].startswith("saturated"), r.text
     assert r.json()["models"]["tiny"] == "ready" and r.headers.get("retry-after") == str(RETRY_AFTER)
     assert httpx.get(url + "/health").status_code == 200  # liveness: the ingress answers
