@@ -361,7 +361,7 @@ def _pooled_targets(cfg: DpFairConfig, run: Path, schema: TableSchema, fair: Fai
 
     if fair.counts is None:
         return fair
-    sigmas = {e.stage: e.details["sigma"] for e in _ledger(run).entries() if "sigma" in e.details}
+    sigmas = _noise_scales(run)
     marginals = json.loads((run / MARGINALS_FILE).read_text()) if (run / MARGINALS_FILE).is_file() else None
     groups = list(fair.counts)
     measurements = group_label_measurements(
@@ -373,13 +373,18 @@ def _pooled_targets(cfg: DpFairConfig, run: Path, schema: TableSchema, fair: Fai
     return FairnessTargets.from_counts(counts, fair.sensitive, target_y=cfg.fairness.target_y)
 
 
+def _noise_scales(run: Path) -> dict[str, float]:
+    """Per stage, the Gaussian noise sd per cell the ledger recorded for its release (public: a function
+    of its epsilon, delta and compositions); a stage recorded twice: its last entry."""
+    return {e.stage: float(e.details["sigma"]) for e in _ledger(run).entries() if "sigma" in e.details}
+
+
 def _noise_sd(run: Path, stage: str) -> float:
-    """The Gaussian noise sd per cell the ledger recorded for ``stage``'s release (public: a function of
-    its epsilon, delta and compositions)."""
-    sigmas = [e.details["sigma"] for e in _ledger(run).entries() if e.stage == stage and "sigma" in e.details]
-    if not sigmas:
+    """:func:`_noise_scales` of one stage; a ledger without it is an error, not a silent 0."""
+    sigma = _noise_scales(run).get(stage)
+    if sigma is None:
         raise ConfigError(f"{run}: the ledger has no noise scale for stage '{stage}'")
-    return float(sigmas[-1])
+    return sigma
 
 
 def _strata(cfg: DpFairConfig, run: Path) -> StratumQuota | None:
