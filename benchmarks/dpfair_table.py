@@ -47,6 +47,14 @@ def _method(run: Path, summary: dict) -> str:
         if calibrate.get("labels") == "dp_tables":
             how += ", labels from the DP tables" + (f" (T = {calibrate['label_temperature']:g})" if calibrate.get("label_temperature") else "")
             how += f" with {calibrate['label_prior']:g} noise sd of pseudo-rows" if calibrate.get("label_prior") else ""
+        if calibrate.get("stratify"):
+            strata = calibrate["stratify"]
+            how += ", pool stratified by " + (" x ".join(strata) if isinstance(strata, list) else str(strata))
+    gen_fair = ((cfg or {}).get("generation") or {}).get("fairness") or {}
+    if gen_fair.get("rate_mix"):  # where the labels' per-group rates aim: runs aiming elsewhere must not merge
+        how += f", label rates {gen_fair['rate_mix']:g} of the way to the DP P(Y | A)"
+    elif gen_fair.get("target_rates"):
+        how += f", label rates {gen_fair['target_rates']}"
     training = (cfg or {}).get("training") or {}
     if training.get("steps") and training.get("expected_batch_size"):  # runs at different DP-SGD lengths differ
         how += f", DP-SGD {training['steps']}x{training['expected_batch_size']}"
