@@ -4,8 +4,9 @@ past its deadline is cancelled (504), a full queue answers 503 + Retry-After, /r
 while /health stays liveness.
 
 Two generators: ``tiny`` answers at once; ``slow`` holds one request (max_ongoing_requests 1) and
-queues one more (max_queued_requests 1), and waits 10 s (the most the config allows) to fill a batch, so any request to it
-outlives the 6 s request timeout: overload and timeouts are deterministic, not races on CPU speed.
+queues one more (max_queued_requests 1), and waits 10 s (the most the config allows) to fill a batch,
+so any request to it outlives the 6 s request timeout: overload and timeouts are deterministic, not
+races on CPU speed.
 """
 
 from __future__ import annotations
