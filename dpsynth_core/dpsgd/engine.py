@@ -89,15 +89,30 @@ def stage_placement(config: DpSgdConfig, device: torch.device) -> Placement:
     return Placement(device.type, dtype, device.index or 0)
 
 
-def build_lora_model(config: DpSgdConfig, device: torch.device):
-    """Base model + fresh LoRA adapter (same init on every rank), everything else frozen."""
-    from peft import LoraConfig, get_peft_model
+def build_lora_model(config: DpSgdConfig, device: torch.device, base=None):
+    """Base model + fresh LoRA adapter (same init on every rank), everything else frozen.
 
-    from dpsynth_core.devices import place_model
+    ``base``: a ``(causal LM, tokenizer)`` pair to use instead of loading ``config.model`` (shape-only
+    models built straight on the device, e.g. the GPU check's 7B). The base is on its device, in
+    the placement's dtype, before the adapter is attached: an adapter wrapped first and moved later
+    can leave hooks and optimizers holding stale parameters (opacus#820)."""
     from dpsynth_core.models import load_causal_lm
 
     placement = stage_placement(config, device)
-    model, tokenizer = load_causal_lm(config.model, dtype=placement.torch_dtype())
+    if base is None:
+        model, tokenizer = load_causal_lm(config.model, placement=placement)
+    else:
+        model, tokenizer = base
+        model.to(device=placement.torch_device(), dtype=placement.torch_dtype())
+    return attach_lora(model, config, placement), tokenizer
+
+
+def attach_lora(model: nn.Module, config: DpSgdConfig, placement: Placement) -> nn.Module:
+    """A fresh peft LoRA adapter on ``model`` (already placed), trainable in fp32, all else frozen."""
+    from peft import LoraConfig, get_peft_model
+
+    from dpsynth_core.devices import place_model
+
     check_target_modules(model, config.lora, config.model)
     model.config.use_cache = False
     torch.manual_seed(config.seed)  # identical LoRA init on every rank
@@ -123,7 +138,7 @@ def build_lora_model(config: DpSgdConfig, device: torch.device):
         assert not base.get_output_embeddings().weight.requires_grad
     place_model(peft_model, placement)  # master LoRA weights in fp32 even with a bf16 base
     peft_model.train()
-    return peft_model, tokenizer
+    return peft_model
 
 
 def derived_seed(*parts: int) -> int:
@@ -168,9 +183,11 @@ class DpSgdEngine:
         device: torch.device | None = None,
         per_example_penalty: PenaltyFn | None = None,
         clipper_factory: Callable[[nn.Module, float], PerSampleClipper] | None = None,
+        base: tuple[nn.Module, object] | None = None,
     ):
         """``clipper_factory(model, max_grad_norm)`` replaces the clipper that ``config.clipping``
-        names; only ``benchmarks/dpsgd_overhead.py`` uses it (for its non-private baseline)."""
+        names (non-private references and baselines only). ``base``: a ``(model, tokenizer)`` pair
+        instead of loading ``config.model`` (``build_lora_model``)."""
         if config.gpu_strategy == "fsdp2" and clipper_factory is None:
             raise ConfigError("field 'gpu_strategy': 'fsdp2' runs in dpsynth_core.dpsgd.fsdp.FsdpDpSgdEngine under a "
                               "process group (the Ray Train runner); use 'ddp' in process")
@@ -185,7 +202,7 @@ class DpSgdEngine:
         self.max_per_unit = config.max_examples_per_user if self.units.user_level else 1
         if self.max_per_unit > 1 and config.clipping == "ghost":
             raise ConfigError("max_examples_per_user > 1 needs clipping='hooks'")
-        self.model, self.tokenizer = build_lora_model(config, self.device)
+        self.model, self.tokenizer = build_lora_model(config, self.device, base=base)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.tokenized = tokenize_examples(examples, self.tokenizer, config.max_seq_len)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -233,14 +250,16 @@ class DpSgdEngine:
             n_units += len(chunk)
         return buffers, loss_sum, n_units
 
-    def train_step(self) -> dict:
-        """Run logical step ``self.step`` (0-based) on this rank; returns global loss stats."""
+    def noisy_gradients(self) -> tuple[list[torch.Tensor], float, int]:
+        """The noisy mean gradient of logical step ``self.step``, one tensor per trainable
+        parameter, identical on every rank; also this rank's summed unit loss and unit count.
+        Calling it again for the same step gives the same draw (the sampler and the noise are keyed
+        by (seed, step))."""
         step = self.step
         refresh = getattr(self.penalty, "refresh", None)
         if refresh is not None:  # constants from the current model's own generated rows (tabular.fair_eo)
             refresh(self.model, self.tokenizer, step)
-        groups = self._unit_groups(step)
-        buffers, loss_sum, n_units = self.clipped_sum(groups)
+        buffers, loss_sum, n_units = self.clipped_sum(self._unit_groups(step))
         flat = torch.cat([b.reshape(-1) for b in buffers])
         generator = None
         if self.dist.rank == 0:
@@ -254,14 +273,19 @@ class DpSgdEngine:
             dist=self.dist,
             generator=generator,
         )
-        offset = 0
-        for p in self.params:
-            k = p.numel()
-            p.grad = grad[offset : offset + k].view_as(p).to(p.dtype)
-            offset += k
+        return list(torch.split(grad, [p.numel() for p in self.params])), loss_sum, n_units
+
+    def _as_grad(self, param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        return grad.view_as(param).to(param.dtype)
+
+    def train_step(self) -> dict:
+        """Run logical step ``self.step`` (0-based) on this rank; returns global loss stats."""
+        grads, loss_sum, n_units = self.noisy_gradients()
+        for p, g in zip(self.params, grads):
+            p.grad = self._as_grad(p, g)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        stats = torch.tensor([loss_sum, float(n_units)], dtype=torch.float64, device=flat.device)
+        stats = torch.tensor([loss_sum, float(n_units)], dtype=torch.float64, device=grads[0].device)
         self.dist.all_reduce_(stats)
         self.step += 1
         total_loss, total_units = float(stats[0]), int(stats[1])

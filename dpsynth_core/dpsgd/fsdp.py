@@ -98,21 +98,13 @@ class FsdpDpSgdEngine(DpSgdEngine):
                 n_units += len(rows)
         return buffers, loss_sum, n_units
 
-    def train_step(self) -> dict:
-        import math
+    def noisy_gradients(self) -> tuple[list[torch.Tensor], float, int]:
+        """This rank's shards of the step's noisy mean gradient (``privatize``)."""
+        buffers, loss_sum, n_units = self.clipped_sum(self._unit_groups(self.step))
+        return self.privatize(buffers, self.step), loss_sum, n_units
 
-        step = self.step
-        buffers, loss_sum, n_units = self.clipped_sum(self._unit_groups(step))
-        for p, local_grad in zip(self.params, self.privatize(buffers, step)):
-            p.grad = _as_like(p, local_grad.to(p.dtype))
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        stats = torch.tensor([loss_sum, float(n_units)], dtype=torch.float64, device=buffers[0].device)
-        self.dist.all_reduce_(stats)
-        self.step += 1
-        total_loss, total_units = float(stats[0]), int(stats[1])
-        return {"step": self.step, "loss": total_loss / total_units if total_units else math.nan,
-                "batch_units": total_units}
+    def _as_grad(self, param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        return _as_like(param, grad.to(param.dtype))
 
     def privatize(self, buffers: list[torch.Tensor], step: int) -> list[torch.Tensor]:
         """This rank's shards of the noisy mean gradient: noise on its own shard only (disjoint
