@@ -340,11 +340,47 @@ def part_generate(args, out: Results) -> int:
     return 0
 
 
+def part_profile(args, out: Results) -> int:
+    """Where a logical step's time goes, per mode (``--modes``): torch.profiler over one step after a
+    warm-up, the top operators by self device time and by self CPU time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    device, dtype = device_and_dtype(args.shape)
+    spec = SHAPES[args.shape]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    for mode in args.modes.split(","):
+        if mode == "fsdp2":
+            init_process_group(device)
+        engine = make_engine(mode, args.shape, device, dtype, examples(2 * spec["batch"], spec["seq"],
+                                                                         spec["config"]["vocab_size"]), spec["batch"])
+        engine.train_step()
+        sync(device)
+        start = time.perf_counter()
+        with profile(activities=activities) as prof:
+            engine.train_step()
+            sync(device)
+        wall = time.perf_counter() - start
+        events = prof.key_averages()
+        device_key = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+        top = lambda key: [{"op": e.key, "calls": e.count, "self_ms": getattr(e, key) / 1e3}  # noqa: E731
+                           for e in sorted(events, key=lambda e: -getattr(e, key))[:15]]
+        busy = sum(getattr(e, device_key) for e in events) / 1e6
+        out.put(mode, {"step_wall_s": wall, "device_busy_s": busy, "top_device": top(device_key),
+                       "top_cpu": top("self_cpu_time_total")})
+        print(f"gpu_check profile {mode}: step {wall:.3f} s, device busy {busy:.3f} s", flush=True)
+        print(events.table(sort_by=device_key if device.type == "cuda" else "self_cpu_time_total", row_limit=12),
+              flush=True)
+        engine = None
+        free()
+    return 0
+
+
 def main(argv=None) -> int:
     from gpu_check_correctness import part_correctness
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=["env", "correctness", "train", "generate"])
+    ap.add_argument("part", choices=["env", "correctness", "train", "generate", "profile"])
     ap.add_argument("--json", default=None, help="results file (rewritten after every measurement)")
     ap.add_argument("--shape", choices=["7b", "tiny"], default="tiny")
     ap.add_argument("--mode", choices=MODES, default="hooks")
@@ -355,9 +391,11 @@ def main(argv=None) -> int:
     ap.add_argument("--save-adapter", default=None, help="train: save the adapter here (for the generate part)")
     ap.add_argument("--adapter", default=None, help="generate: the adapter the hooks part saved")
     ap.add_argument("--require-gpu", action="store_true")
+    ap.add_argument("--modes", default="nondp,hooks", help="profile: the modes to profile")
     args = ap.parse_args(argv)
     out = Results(args.json)
-    parts = {"env": part_env, "correctness": part_correctness, "train": part_train, "generate": part_generate}
+    parts = {"env": part_env, "correctness": part_correctness, "train": part_train, "generate": part_generate,
+             "profile": part_profile}
     return parts[args.part](args, out)
 
 

@@ -3,6 +3,7 @@
 # correctness on the device, DP vs non-DP tokens/s and peak memory, HF generation with the DP adapter.
 #
 #   bash scripts/gpu_check.sh              # on the lent GPU machine: figures into $OUT (default ./gpu_check_out)
+#   bash scripts/gpu_check.sh --profile    # on the GPU: where one logical step's time goes, per mode
 #   bash scripts/gpu_check.sh --rehearse   # here, on CPU: the same script at the tiny shape, in a venv that
 #                                          # holds only what the GPU image has (Python 3.12, torch 2.11,
 #                                          # transformers 5.17, peft, accelerate) plus the carried wheels
@@ -12,7 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 mode=gpu
-[ "${1:-}" = "--rehearse" ] && mode=rehearse
+case "${1:-}" in --rehearse) mode=rehearse ;; --profile) mode=profile ;; esac
 OUT=${OUT:-$REPO/gpu_check_out}
 mkdir -p "$OUT"
 ls .whl/*.whl >/dev/null 2>&1 || { echo "gpu_check: no wheels in .whl/: run scripts/gpu_wheels.sh first"; exit 3; }
@@ -46,7 +47,12 @@ SITE=$(mktemp -d /tmp/gpu_check_site.XXXX)
 "$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target "$SITE" .whl/*.whl || { echo "gpu_check: the carried wheels did not install"; exit 3; }
 export PYTHONPATH=$SITE:$REPO PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-"$PY" benchmarks/gpu_check.py --shape "$SHAPE" --out "$OUT" 2>&1 | tee "$OUT/gpu_check.log"
+if [ "$mode" = profile ]; then
+  timeout 300 "$PY" benchmarks/gpu_check_parts.py profile --shape "$SHAPE" --modes "${PROFILE_MODES:-nondp,hooks,ghost,fsdp2}" \
+    --json "$OUT/gpu_profile.json" 2>&1 | grep -v -e "USDT" -e "ActivityProfiler" | tee "$OUT/gpu_profile.log"
+else
+  "$PY" benchmarks/gpu_check.py --shape "$SHAPE" --out "$OUT" 2>&1 | tee "$OUT/gpu_check.log"
+fi
 rc=${PIPESTATUS[0]}
 rm -rf "$SITE"
 exit "$rc"
