@@ -75,11 +75,15 @@ class HooksClipper(PerSampleClipper):
         return self._gsm
 
     def accumulate(self, row_losses, row_unit, n_units, buffers):
+        # One row per unit, in order: decided once, on the host (a device comparison per parameter
+        # would stall the GPU's queue once per LoRA matrix).
+        one_row_each = n_units == len(row_losses) and bool(
+            (row_unit.cpu() == torch.arange(n_units)).all())
         row_losses.sum().backward()
         per_unit = []
         for p in self.params:
             gs = p.grad_sample  # [rows, *p.shape]
-            if n_units == len(row_losses) and torch.equal(row_unit, torch.arange(n_units, device=row_unit.device)):
+            if one_row_each:
                 per_unit.append(gs)
             else:
                 g = torch.zeros((n_units, *gs.shape[1:]), dtype=gs.dtype, device=gs.device)

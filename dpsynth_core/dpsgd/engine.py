@@ -239,16 +239,16 @@ class DpSgdEngine:
     def clipped_sum(self, groups: list[list[int]]) -> tuple[list[torch.Tensor], float, int]:
         """Sum over the given units of clipped per-unit gradients; also the summed unit loss."""
         buffers = [torch.zeros_like(p, dtype=torch.float32) for p in self.params]
-        loss_sum, n_units = 0.0, 0
+        loss_sum, n_units = torch.zeros((), dtype=torch.float64, device=self.device), 0
         for chunk in physical_chunks(groups, self.config.physical_batch_size):
             rows = [self.tokenized[i] for g in chunk for i in g]
             row_unit = torch.tensor([j for j, g in enumerate(chunk) for _ in g], dtype=torch.long)
             weights = torch.tensor([1.0 / len(g) for g in chunk for _ in g])
             unit_losses, _ = self._forward_losses(rows, weights)
-            self.clipper.accumulate(unit_losses, row_unit.to(self.device), len(chunk), buffers)
-            loss_sum += float(unit_losses.detach().sum())
+            self.clipper.accumulate(unit_losses, row_unit, len(chunk), buffers)  # row_unit stays on the host
+            loss_sum += unit_losses.detach().sum()  # read once per step: no device sync per physical batch
             n_units += len(chunk)
-        return buffers, loss_sum, n_units
+        return buffers, float(loss_sum), n_units
 
     def noisy_gradients(self) -> tuple[list[torch.Tensor], float, int]:
         """The noisy mean gradient of logical step ``self.step``, one tensor per trainable
