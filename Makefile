@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 LOCK := requirements/constraints.txt
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: install demo test test-fast test-cluster bench lock clean install-vllm test-vllm
+.PHONY: install demo test test-fast test-cluster bench lock clean install-vllm test-vllm gpu-rehearsal
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -68,6 +68,12 @@ VLLM_TESTS ?= tests/test_engines.py $(wildcard tests/test_vllm_*.py)
 test-vllm: install-vllm
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_USAGE_STATS_ENABLED=0 \
 	  $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider --timeout=1800 --durations=10 $(VLLM_TESTS)
+
+# The GPU check's CPU rehearsal (issue 40): scripts/gpu_check.sh end to end at the tiny shape, in a venv
+# (outside the repo) that holds only what the lent GPU machine has, plus the wheels the device call carries.
+gpu-rehearsal:
+	bash scripts/gpu_wheels.sh
+	OUT=$${OUT:-/tmp/gpu_check_rehearsal} bash scripts/gpu_check.sh --rehearse
 
 bench: install
 	$(BIN)/python benchmarks/dpsgd_overhead.py

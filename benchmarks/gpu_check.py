@@ -30,10 +30,10 @@ TARGET_MEMORY = 1.10  # DP peak memory <= 1.1x non-DP
 SEARCH = "16,24,32,48,64,96,128"
 
 
-def plan(shape: str, work: Path) -> list[tuple[str, list[str], int]]:
+def plan(shape: str, work: Path, search: str = SEARCH) -> list[tuple[str, list[str], int]]:
     """(name, arguments, time limit in s) of each part, in order."""
     adapter = str(work / "dp_adapter")
-    train = lambda mode, *extra: (f"train:{mode}", ["train", "--mode", mode, "--shape", shape, "--search", SEARCH,  # noqa: E731
+    train = lambda mode, *extra: (f"train:{mode}", ["train", "--mode", mode, "--shape", shape, "--search", search,  # noqa: E731
                                                     "--search-budget-s", "45", *extra], 75)
     return [
         ("env", ["env"] + (["--require-gpu"] if shape == "7b" else []), 45),
@@ -141,6 +141,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="folder for gpu_check.json and gpu_check.md")
     ap.add_argument("--budget-s", type=float, default=480, help="all parts together stop within this")
     ap.add_argument("--parts", default=None, help="comma-separated part names to run (default: all)")
+    ap.add_argument("--search", default=SEARCH, help="physical batches tried for each mode's largest batch")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -148,7 +149,7 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="gpu_check_"))
     report = {"shape": args.shape, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "parts": []}
     wanted = set(args.parts.split(",")) if args.parts else None
-    for name, argv_part, limit in plan(args.shape, work):
+    for name, argv_part, limit in plan(args.shape, work, args.search):
         if wanted is not None and name not in wanted:
             continue
         left = deadline - time.perf_counter()

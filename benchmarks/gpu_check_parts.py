@@ -38,8 +38,7 @@ HEAVY_MODULES = ("ray", "serving", "ray_jobs", "snsynth", "vllm", "sentence_tran
 
 # name: (model config, sequence length, physical batch, tokens generated)
 SHAPES = {
-    "7b": dict(config=dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                           num_attention_heads=32, num_key_value_heads=32), seq=512, batch=8, gen_tokens=64),
+    "7b": dict(config=dict(vocab_size=32000), seq=512, batch=8, gen_tokens=64),  # dpsynth_core's llama_7b_config
     "tiny": dict(config=dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2), seq=64, batch=8, gen_tokens=8),
     # correctness checks: small enough for a float64 per-row reference, fp32 on any device
@@ -96,9 +95,14 @@ def random_base(shape: str, device, dtype: str, seed: int = 0, init_on_cpu: bool
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
+    from dpsynth_core.models.registry import llama_7b_config
+
     spec = SHAPES[shape]["config"]
-    config = LlamaConfig(**spec, max_position_embeddings=4096, tie_word_embeddings=False, pad_token_id=0,
-                         bos_token_id=1, eos_token_id=2)
+    if shape == "7b":  # the registry's llama-7b-random architecture
+        config = llama_7b_config()
+    else:
+        config = LlamaConfig(**spec, max_position_embeddings=4096, tie_word_embeddings=False, pad_token_id=0,
+                             bos_token_id=1, eos_token_id=2)
     torch.manual_seed(seed)
     with torch.device("cpu" if init_on_cpu else device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
