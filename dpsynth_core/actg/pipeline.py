@@ -360,13 +360,16 @@ def run_pipeline(cfg: ActgConfig, *, resume: bool = True, runner: Runner = local
         rd = RunDir(root)
         if rd.done(name):
             continue
+        if name == "evaluate":  # the release needs no evaluation; a DP sweep's trial is ranked with it in place
+            _write_release(cfg, rd)
         t0 = time.perf_counter()
         fn = STAGE_FUNCTIONS[name]
         summary = runner(fn, cfg, str(root), isolated=(name == "anchored_rl"))
         RunDir(root).mark(name, {"seconds": round(time.perf_counter() - t0, 2), **(summary or {})})
         if cfg.stop_after_stage == name:
             raise StageInterrupted(f"stopped after stage '{name}' (stop_after_stage)")
-    _write_release(cfg, RunDir(root))
+    if not release_dir(root).is_dir():
+        _write_release(cfg, RunDir(root))
     return root
 
 

@@ -39,7 +39,7 @@ import sqlite3
 import tempfile
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -119,7 +119,7 @@ class LedgerEntry:
     params: dict[str, Any]
     epsilon: float  # this event alone, at the ledger's delta
     total_epsilon_after: float  # composed total once this event was recorded
-    timestamp: str
+    timestamp: str | None  # None in a DP sweep's release (no trial's time)
     details: dict[str, Any] = field(default_factory=dict)
 
     def event(self):
@@ -411,18 +411,21 @@ class PrivacyLedger:
         _make_durable(self.path)
 
     # ----------------------------------------------------------------------------- reporting
-    def to_dict(self) -> dict[str, Any]:
-        """Everything, JSON-ready (for metrics.json)."""
+    def to_dict(self, timestamps: bool = True) -> dict[str, Any]:
+        """Everything, JSON-ready (for metrics.json); ``timestamps=False`` sets every time to None."""
         entries = self.entries()
         total, method, candidates = self._compose([e.event() for e in entries])
         not_private = self.not_private_reasons()
+        if not timestamps:
+            entries = [replace(e, timestamp=None) for e in entries]
+            not_private = [{**mark, "timestamp": None} for mark in not_private]
         return {
             "dataset": self.dataset,
             "private": not not_private,
             "not_private": not_private,
             "epsilon_budget": self.epsilon_budget,
             "delta": self.delta,
-            "created": self.created,
+            "created": self.created if timestamps else None,
             "total_epsilon": total,
             "remaining_epsilon": max(0.0, self.epsilon_budget - total),
             "composition_method": method,
@@ -431,7 +434,7 @@ class PrivacyLedger:
             "entries": [asdict(e) for e in entries],
         }
 
-    def render(self) -> str:
+    def render(self, timestamps: bool = True) -> str:
         """A human table: one row per event, then the composed total against the budget."""
         import io
 
@@ -441,13 +444,14 @@ class PrivacyLedger:
         entries = self.entries()
         total, method, _ = self._compose([e.event() for e in entries])
         table = Table(title=f"privacy ledger: {self.dataset} (delta={self.delta:.3g})")
-        for name, justify in (("#", "right"), ("stage", "left"), ("kind", "left"), ("params", "left"),
-                              ("eps alone", "right"), ("total after", "right"), ("time (UTC)", "left")):
+        columns = (("#", "right"), ("stage", "left"), ("kind", "left"), ("params", "left"),
+                   ("eps alone", "right"), ("total after", "right")) + ((("time (UTC)", "left"),) if timestamps else ())
+        for name, justify in columns:
             table.add_column(name, justify=justify)
         for e in entries:
             params = ", ".join(f"{k}={_fmt(v)}" for k, v in e.params.items()) or "-"
-            table.add_row(str(e.id), e.stage, e.kind, params, f"{e.epsilon:.4f}",
-                          f"{e.total_epsilon_after:.4f}", e.timestamp.replace("+00:00", ""))
+            time = (e.timestamp.replace("+00:00", ""),) if timestamps else ()
+            table.add_row(str(e.id), e.stage, e.kind, params, f"{e.epsilon:.4f}", f"{e.total_epsilon_after:.4f}", *time)
         buf = io.StringIO()
         console = Console(file=buf, width=120, color_system=None, force_terminal=False)
         console.print(table)
