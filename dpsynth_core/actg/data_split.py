@@ -4,15 +4,15 @@
   smallest content keys (``privacy.randomness.content_keyed_holdout``: a keyed hash of the text
   with the public ``data.seed``). A row's key depends on that row only, so adding or removing one
   record moves at most one other row between the held-out set and the private pool.
-* Public labeled rows (``data.n_public``, default 0): the next ``n_public`` rows by content key.
-  The data owner declares them public (like the paper's public labeled data): they train the
-  supervised reward model (``actg.supervised``) and are removed from the private pool, so the
-  guarantee covers the pool only and no DP mechanism ever reads them.
-* Private pool: every other row.
+* Public labeled rows: a separate file, ``data.public_path``, that the data owner declares public
+  (like the paper's public labeled data); they train the supervised reward model
+  (``actg.supervised``). Rows are never carved out of the private file: such rows would be
+  private (which rows are carved follows from the public config, and one added record shifts
+  them). The private file is refused if it shares a record with the public one.
+* Private pool: every row of ``data.path`` that is not held out.
 * Private working set: each pool row kept independently with probability ``n_records / pool
   size``, from OS entropy (``bernoulli_subsample``); the whole pool if it has at most
-  ``n_records`` rows. Poisson sampling never increases epsilon, so the ledger's guarantee holds
-  for the user's file (its pool), not only for a drawn sample.
+  ``n_records`` rows.
 
 Each call draws a fresh private set; a resumed ``private`` stage may see a different one, which is
 still valid: each DP mechanism is charged in full and each is DP with respect to the file.
@@ -54,32 +54,33 @@ def load_private_split(cfg) -> PrivateSplit:
     if d.text_col not in frame.columns:
         raise DataError(f"{where}: column '{d.text_col}' not found (data.text_col)")
     texts = frame[d.text_col].astype(str).tolist()
-    if len(texts) <= d.n_eval + getattr(d, "n_public", 0):  # no row count in the message: the file's size is private
+    if len(texts) <= d.n_eval:  # no row count in the message: the file's size is private
         raise DataError(f"{where}: not enough rows for data.n_eval held-out rows plus a private set")
-    held, public = _held_and_public(texts, d)
-    pool = np.setdiff1d(np.arange(len(texts)), np.concatenate([held, public]))
+    if d.public_path is not None:
+        _check_disjoint(load_public_labeled(cfg)[d.text_col].astype(str).tolist(), set(texts), d)
+    held = content_keyed_holdout(texts, d.n_eval, d.seed)
+    pool = np.setdiff1d(np.arange(len(texts)), held)
     private = pool[bernoulli_subsample(len(pool), d.n_records)]
     return PrivateSplit(frame.iloc[private].reset_index(drop=True), frame.iloc[held].reset_index(drop=True),
                         min(d.n_records, len(pool)))
 
 
-def _held_and_public(texts: list[str], d) -> tuple:
-    """Held-out rows (smallest content keys) and public labeled rows (the next ``n_public``)."""
-    import numpy as np
-
-    n_public = getattr(d, "n_public", 0)
-    first = content_keyed_holdout(texts, d.n_eval + n_public, d.seed)
-    held = content_keyed_holdout(texts, d.n_eval, d.seed)
-    return held, np.setdiff1d(first, held)
+def _check_disjoint(public_texts: list[str], private_texts: set[str], d) -> None:
+    """A declared-public file must hold no record of the private file (its rows train the reward
+    without noise). The error names the public file's row, never a text or a count."""
+    for row, text in enumerate(public_texts, start=1):
+        if text in private_texts:
+            raise DataError(f"{d.public_path}: column '{d.text_col}', row {row}: this record is also in data.path; "
+                            "a file declared public (data.public_path) must be disjoint from the private file")
 
 
 def load_public_labeled(cfg) -> pd.DataFrame:
-    """The public labeled rows (``data.n_public``), disjoint from the held-out set and the private
-    pool; empty when ``n_public`` is 0. Only these may train the reward model."""
+    """The rows of the declared-public file ``data.public_path`` (the first ``n_public`` when set);
+    empty without one. Only these may train the reward model."""
+    from dpsynth_core.data import load_records
+
     d = cfg.data
-    frame = load_frame(cfg)
-    texts = frame[d.text_col].astype(str).tolist()
-    if len(texts) <= d.n_eval + d.n_public:
-        raise DataError(f"{d.path or 'biorxiv'}: not enough rows for data.n_eval + data.n_public plus a private set")
-    _, public = _held_and_public(texts, d)
-    return frame.iloc[public].reset_index(drop=True)
+    if d.public_path is None:
+        return pd.DataFrame()
+    frame = load_records(cfg.resolved(d.public_path), text_col=d.text_col, label_col=d.label_col)
+    return frame.head(d.n_public) if d.n_public else frame

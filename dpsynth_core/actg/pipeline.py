@@ -7,7 +7,7 @@
 Stages (``mode: actg``)::
 
     schema        copy the public schema                                     (no data)
-    reward_model  supervised reward: fit on the PUBLIC labeled rows only -> reward_model/ (not private data)
+    reward_model  supervised reward: fit on data.public_path's rows only -> reward_model/ (not private data)
     private       load the private records; extract attributes (in memory only);
                     features      AIM synthetic attribute table under eps1  -> features.csv
                     dp_generator  DP-SGD LoRA on (attribute prompt -> text) under eps2 -> generator/
@@ -80,8 +80,18 @@ class DataSettings(StrictConfig):
     n_eval: Annotated[int, cap(100_000, 'held-out texts embedded for evaluation')] = Field(200, ge=2)        # held-out real texts for evaluation (owner-side, disjoint)
     max_chars: Annotated[int, TEXT_CHARS_CAP] = Field(1500, ge=50)   # training targets are cut here (the model sees max_seq_len anyway)
     seed: int = 0                         # held-out split only (public); never the private selection
-    n_public: Annotated[int, RECORDS_CAP] = Field(0, ge=0)        # rows the owner declares public and labeled: train the supervised reward
+    # a separate file the owner declares public and labeled (same columns), disjoint from `path`: trains the reward
+    public_path: Path | None = None
+    n_public: Annotated[int, RECORDS_CAP] = Field(0, ge=0)        # rows of public_path to use (0: all)
     text_description: str = "bioRxiv preprint abstract"
+
+    @model_validator(mode="after")
+    def _public_rows_from_a_public_file(self) -> DataSettings:
+        if self.n_public and self.public_path is None:  # the old meaning: rows carved out of the private file
+            raise ValueError("data.n_public without data.public_path: rows taken from the private file are private "
+                             "(anyone with the config can tell which were taken); give a separate file declared "
+                             "public in data.public_path")
+        return self
 
 
 class PrivacySettings(StrictConfig):
@@ -188,9 +198,10 @@ class ActgConfig(StrictConfig):
         reward = self.reward or self.extractor
         if self.mode == "actg" and reward.kind == "columns":
             raise ValueError("reward: 'columns' cannot score a synthetic text; set a text extractor "
-                             "(e.g. {kind: supervised} with data.n_public > 0)")
-        if self.mode == "actg" and reward.kind == "supervised" and self.data.n_public < 2:
-            raise ValueError("reward kind 'supervised' is trained on public labeled rows: set data.n_public >= 2")
+                             "(e.g. {kind: supervised} with data.public_path)")
+        if self.mode == "actg" and reward.kind == "supervised" and self.data.public_path is None:
+            raise ValueError("reward kind 'supervised' is trained on public labeled rows: set data.public_path "
+                             "(a file declared public, disjoint from data.path)")
         if self.mode == "actg" and self.features.n_synthetic < 3:
             raise ValueError("features.n_synthetic: ACTG needs >= 3 rows (disjoint anchor / rl / eval pools)")
         if self.features.anchor_share + self.features.rl_share >= 1:
