@@ -147,6 +147,29 @@ def test_pinned_pe_noise_seed_is_refused_outside_test_mode_and_marks_the_ledger(
     assert vote.details["noise"] == "pinned noise_seed (test only)"
 
 
+@pytest.mark.parametrize("knob", ["sampling_seed", "stop_after_steps"])
+def test_dpsgd_test_only_knobs_are_refused_by_the_config_validators_outside_test_mode(knob, monkeypatch, tmp_path):
+    """ACTG's generator and DP-FT feature LM, and `dpsynth train`, refuse a pinned DP seed and a
+    simulated crash when the config is loaded, unless DPSYNTH_TEST_MODE=1."""
+    from pydantic import ValidationError
+
+    from dpsynth_core.actg.pipeline import ActgConfig
+    from dpsynth_core.cli.train import TrainJobConfig
+
+    train = {"model": "tiny-llama", "epsilon": 1.0, "steps": 2, knob: 1}
+    job = {"data": {"path": str(tmp_path / "d.csv"), "text_column": "text"}, "train": train}
+    monkeypatch.delenv("DPSYNTH_TEST_MODE", raising=False)
+    with pytest.raises(ValidationError, match=f"generator.{knob}: test-only"):
+        ActgConfig(generator={"model": "tiny-llama", "steps": 2, knob: 1})
+    with pytest.raises(ValidationError, match=f"features.lm.{knob}: test-only"):
+        ActgConfig(generator_mode="direct_prompt", features={"generator": "dp_ft", "lm": {knob: 1}})
+    with pytest.raises(ValidationError, match=f"train.{knob}: test-only"):
+        TrainJobConfig.model_validate(job)
+    monkeypatch.setenv("DPSYNTH_TEST_MODE", "1")
+    ActgConfig(generator={"model": "tiny-llama", "steps": 2, knob: 1})
+    TrainJobConfig.model_validate(job)
+
+
 def test_federated_pe_records_its_per_party_guarantee(tmp_path):
     from dpsynth_core.privacy import gaussian_epsilon
 

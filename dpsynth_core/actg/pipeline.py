@@ -55,6 +55,7 @@ from dpsynth_core.actg.stages_post import (stage_anchored_rl, stage_best_of_n, s
 from dpsynth_core.config import OUTPUT_ROWS_CAP, RECORDS_CAP, TEXT_CHARS_CAP, THREADS_CAP, StrictConfig, cap, load_config
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.files import atomic_write_text
+from dpsynth_core.privacy.randomness import refuse_test_only_knobs
 from dpsynth_core.release import release_dir
 from dpsynth_core.resources import PipelineResources
 from dpsynth_core.run_lock import locked_run
@@ -168,6 +169,7 @@ class ActgConfig(StrictConfig):
             if key in value:
                 raise ValueError(f"'{key}' comes from the 'privacy' section, not from 'generator'")
         DpSgdConfig.model_validate({**value, "epsilon": 1.0})  # same field errors as DpSgdConfig
+        refuse_test_only_knobs("generator", value)
         return value
 
     @field_validator("features")
@@ -177,6 +179,7 @@ class ActgConfig(StrictConfig):
             for key in ("epsilon", "delta"):
                 if key in value.lm:
                     raise ValueError(f"features.lm: '{key}' comes from the 'privacy' section")
+        refuse_test_only_knobs("features.lm", value.lm)
         return value
 
     @model_validator(mode="after")

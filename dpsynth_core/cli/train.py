@@ -11,7 +11,7 @@ import importlib
 from pathlib import Path
 
 import typer
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from dpsynth_core.config import StrictConfig
 from dpsynth_core.dpsgd.config import DpSgdConfig
@@ -46,6 +46,14 @@ class TrainJobConfig(StrictConfig):
     output_dir: str = "runs/train"
     stage: str = "dpsgd"
     ledger: LedgerSpec = Field(default_factory=LedgerSpec)
+
+    @field_validator("train")
+    @classmethod
+    def _no_test_only_knobs(cls, value: DpSgdConfig) -> DpSgdConfig:
+        from dpsynth_core.privacy.randomness import refuse_test_only_knobs
+
+        refuse_test_only_knobs("train", value.model_dump())
+        return value
 
 
 def resolve_data_path(raw: str, config_path: Path) -> Path:

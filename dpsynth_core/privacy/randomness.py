@@ -77,6 +77,20 @@ def refuse_pinned_dp_seed(field: str, value: object) -> None:
         )
 
 
+DPSGD_TEST_ONLY_KNOBS = ("sampling_seed", "stop_after_steps")  # a pinned DP seed; a simulated crash
+
+
+def refuse_test_only_knobs(section: str, values: dict) -> None:
+    """Refuse DP-SGD's test-only knobs in a user config (``section``: where they sit, e.g.
+    ``generator``) unless ``DPSYNTH_TEST_MODE=1``; a run that uses one is marked not private."""
+    used = [k for k in DPSGD_TEST_ONLY_KNOBS if values.get(k) is not None]
+    if used and not test_mode_enabled():
+        raise ValueError(
+            f"{', '.join(f'{section}.{k}' for k in used)}: test-only (a pinned sampling/noise seed or a "
+            f"simulated crash: the stated epsilon would not hold); refused unless {TEST_MODE_ENV}=1"
+        )
+
+
 # ---------------------------------------------------------------------------------------------
 # Numpy's global RNG for post-processing only
 # ---------------------------------------------------------------------------------------------
