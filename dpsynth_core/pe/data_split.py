@@ -56,17 +56,19 @@ def split_data(cfg: PEConfig) -> tuple[PrivateData, list[str], list[str], list[s
     classes = list(d.classes)
     labels = frame[d.label_col].astype(str).to_numpy()
     raw_texts = frame[d.text_col].astype(str).to_numpy()
-    unknown = [c for c in classes if c not in set(labels)]
-    if unknown:
-        raise ConfigError(f"data.classes: {unknown} not found in column '{d.label_col}' of {where}")
+    if not set(classes) <= set(labels):  # which class, or how many rows, would describe the private file
+        raise DataError(f"{where}: column '{d.label_col}': a name in data.classes has no row (names and counts "
+                        "are not shown: they describe the private file)")
 
     keys = content_rank_keys([f"{y}\x00{t}" for y, t in zip(labels, raw_texts)], d.seed)
     per_test = np.bincount(np.arange(d.num_test) % len(classes), minlength=len(classes))
     test_idx: list[int] = []
     for c, n in zip(classes, per_test):
         rows = np.flatnonzero(labels == c)
-        if len(rows) <= n:  # the pool must keep rows of every class; no count in the message
-            raise DataError(f"{where}: class '{c}' has too few rows for its share of data.num_test")
+        if len(rows) <= n:  # the pool must keep rows of every class; neither the class nor a count in the message
+            raise DataError(f"{where}: column '{d.label_col}': a class of data.classes has too few rows for its share "
+                            "of data.num_test plus one private row (names and counts are not shown: they describe "
+                            "the private file)")
         test_idx += rows[np.argsort(keys[rows], kind="stable")[:n]].tolist()
     in_pool = np.isin(labels, classes)
     in_pool[test_idx] = False
