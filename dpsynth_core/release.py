@@ -71,6 +71,9 @@ def write_release(run_dir: str | Path, items: Mapping[str, str | Path], *, ledge
             "epsilon": None if summary.get("not_private") else summary["total_epsilon"],
             "epsilon_budget": summary["epsilon_budget"],
             "delta": summary["delta"],
+            # m * delta with the public working-set size m (never the file's row count): keep it well below 1
+            "public_size": summary.get("public_size"),
+            "m_times_delta": summary.get("m_times_delta"),
             "not_private": summary.get("not_private", False),
             "files": {str(p.relative_to(staging)): _sha256(p) for p in _files(staging)},
         }

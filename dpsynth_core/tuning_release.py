@@ -62,7 +62,8 @@ def write_released_ledger(best_dir: Path, bound: SweepBound, budget: float, deta
     covered = [{"stage": e.stage, "kind": e.kind, "params": e.params, "epsilon_alone": e.epsilon}
                for e in entries if e.kind != "post_processing"]
     with tempfile.TemporaryDirectory(dir=best_dir) as scratch:
-        released = PrivacyLedger.create(scratch, dataset=bound.dataset, epsilon_budget=budget, delta=bound.delta)
+        released = PrivacyLedger.create(scratch, dataset=bound.dataset, epsilon_budget=budget, delta=bound.delta,
+                                          public_size=trial.public_size)
         released.record(SELECTION_STAGE, bound.event, {
             **(details or {}),
             "covers_stages": covered,

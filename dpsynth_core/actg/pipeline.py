@@ -100,7 +100,7 @@ class PrivacySettings(StrictConfig):
     the DP generator (eps2); the vanilla ablation gives the whole epsilon to its generator."""
 
     epsilon: float = Field(4.0, gt=0)  # .inf: a non-private reference run, only with not_private: true
-    delta: float | None = Field(None, gt=0, lt=1)   # default 1 / (n ln n)
+    delta: float | None = Field(None, gt=0, lt=1)   # default min(1e-5, m^-1.1), m = data.n_records
     features_share: float = Field(0.5, gt=0, lt=1)
 
 
@@ -345,7 +345,7 @@ def prepare_run_dir(cfg: ActgConfig, resume: bool) -> Path:
 
 
 def open_or_create_ledger(cfg: ActgConfig, root: Path):
-    """delta: 1/(m ln m) for the configured (public) m = data.n_records by default; an explicit
+    """delta: min(1e-5, m^-1.1) for the configured (public) m = data.n_records by default; an explicit
     privacy.delta must be below 1/m (never computed from the drawn set's size, which is private)."""
     from dpsynth_core.privacy import PrivacyLedger, check_delta_for_size, default_delta
 
@@ -357,7 +357,7 @@ def open_or_create_ledger(cfg: ActgConfig, root: Path):
     m = cfg.data.n_records
     delta = check_delta_for_size(cfg.privacy.delta, m, "privacy.delta") if cfg.privacy.delta else default_delta(m)
     budget = REFERENCE_LEDGER_BUDGET if cfg.is_reference else cfg.privacy.epsilon
-    ledger = PrivacyLedger.create(root, dataset=cfg.name, epsilon_budget=budget, delta=delta)
+    ledger = PrivacyLedger.create(root, dataset=cfg.name, epsilon_budget=budget, delta=delta, public_size=m)
     mark_reference_run(ledger, "actg.reference", cfg.privacy.epsilon)  # before any stage reads private data
     return ledger
 

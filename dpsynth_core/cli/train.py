@@ -98,7 +98,8 @@ def open_ledger(job: TrainJobConfig, n_units: int):
     delta = job.train.delta if job.train.delta is not None else default_delta(max(n_units, 2))
     check_delta_for_size(delta, n_units, field="train.delta")  # before a ledger with a useless delta exists
     run_dir.mkdir(parents=True, exist_ok=True)
-    return PrivacyLedger.create(run_dir, job.ledger.dataset, job.ledger.epsilon_budget or job.train.epsilon, delta)
+    return PrivacyLedger.create(run_dir, job.ledger.dataset, job.ledger.epsilon_budget or job.train.epsilon, delta,
+                                public_size=job.train.public_num_units or n_units)
 
 
 @app.callback(invoke_without_command=True)

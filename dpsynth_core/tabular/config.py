@@ -305,7 +305,7 @@ class TableRunConfig(StrictConfig):
     columns: list[str] | None = None
     data: DataSettings = Field(default_factory=DataSettings)
     epsilon: float = Field(..., gt=0)
-    delta: float | None = Field(None, gt=0, lt=1)  # default 1 / (m ln m), m = the expected private rows
+    delta: float | None = Field(None, gt=0, lt=1)  # default min(1e-5, m^-1.1), m = the expected private rows
     budget: BudgetSplit = Field(default_factory=BudgetSplit)
     evaluate_privacy: bool = True  # DCR + membership inference in the owner-side report
 

@@ -101,8 +101,14 @@ def public_size(cfg: TableRunConfig) -> int:
     return expected_rows(cfg, len(read_source(cfg)))
 
 
+def stated_size(cfg: TableRunConfig, n: int) -> int:
+    """The working-set size the ledger states next to delta: ``train_rows`` when set (public), else
+    the whole file, whose size DP-SGD's sampling rate q = B / n states anyway."""
+    return cfg.data.train_rows or n
+
+
 def resolve_delta(cfg: TableRunConfig, n: int) -> float:
-    """delta from the config (else 1 / (m ln m)), checked to be below 1/m.
+    """delta from the config (else min(1e-5, m^-1.1)), checked to be below 1/m.
 
     With Bernoulli inclusion at rate m / n, a delta below 1/m on the working set is below 1/n
     on the file (subsampling scales delta by m / n).
