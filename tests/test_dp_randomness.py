@@ -182,3 +182,40 @@ def test_federated_pe_records_its_per_party_guarantee(tmp_path):
     assert fed["epsilon_released_sum"] == pytest.approx(vote.epsilon, rel=1e-6)
     assert fed["epsilon_per_party_message"] == pytest.approx(gaussian_epsilon(runner.noise_multiplier / 2, 2, DELTA))
     assert fed["epsilon_per_party_message"] > 1.5 * vote.epsilon  # a single party's message is weaker
+
+
+def test_pe_and_tabular_histograms_go_through_the_one_gaussian_histogram_module(monkeypatch, tmp_path):
+    """dp_domain / fairness statistics / DP marginals (integer counts, released rounded) and the PE
+    votes (real-valued) all draw their noise in privacy.gaussian_histogram, from OS entropy."""
+    import pandas as pd
+
+    import dpsynth_core.pe.dp as pe_dp
+    import dpsynth_core.tabular.dp_domain as dp_domain
+    from dpsynth_core.privacy import PrivacyLedger, gaussian_histogram
+    from dpsynth_core.tabular.schema import TableSchema
+
+    counts = np.array([3.0, 0.0, 7.0, 1.0])
+    a, b = (gaussian_histogram.noisy_histogram(counts, 2.5, integer_counts=True) for _ in range(2))
+    assert np.array_equal(a, np.rint(a)) and not np.array_equal(a, b)  # integers; fresh OS entropy each call
+    votes = gaussian_histogram.noisy_histogram(counts * 0.75, 2.5, integer_counts=False)
+    assert not np.array_equal(votes, np.rint(votes))
+
+    calls = []
+    real = gaussian_histogram.noisy_histogram
+
+    def recording(values, sigma, rng=None, *, integer_counts):
+        calls.append(integer_counts)
+        return real(values, sigma, rng, integer_counts=integer_counts)
+
+    monkeypatch.setattr(dp_domain, "noisy_histogram", recording)
+    monkeypatch.setattr(pe_dp, "noisy_histogram", recording)
+    schema = TableSchema.model_validate({"name": "t", "target": "y", "columns": [
+        {"name": "a", "type": "categorical", "categories": ["u", "v"]},
+        {"name": "y", "type": "categorical", "categories": ["0", "1"]}]})
+    frame = pd.DataFrame({"a": ["u", "v", "u"], "y": ["0", "1", "1"]})
+    ledger = PrivacyLedger.create(tmp_path, "t", 8.0, 1e-5)
+    dp_domain.dp_marginals(frame, schema, epsilon=1.0, ledger=ledger)
+    dp_domain.dp_group_label_tables(frame, schema, ["a"], epsilon=1.0, ledger=ledger)
+    pe_dp.GaussianMechanism(2.0, 1.0).privatize(counts, np.random.default_rng())
+    assert calls == [True, True, True, False]  # two marginals, one fairness table, one vote
+    assert [e.kind for e in ledger.entries()] == ["gaussian", "gaussian"]
