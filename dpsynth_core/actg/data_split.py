@@ -60,7 +60,7 @@ def load_private_split(cfg) -> PrivateSplit:
         _check_disjoint(load_public_labeled(cfg)[d.text_col].astype(str).tolist(), set(texts), d)
     held = content_keyed_holdout(texts, d.n_eval, d.seed)
     pool = np.setdiff1d(np.arange(len(texts)), held)
-    private = pool[bernoulli_subsample(len(pool), d.n_records)]
+    private = pool[bernoulli_subsample(len(pool), d.n_records, field="data.n_records")]
     return PrivateSplit(frame.iloc[private].reset_index(drop=True), frame.iloc[held].reset_index(drop=True),
                         min(d.n_records, len(pool)))
 

@@ -73,7 +73,7 @@ def split_data(cfg: PEConfig) -> tuple[PrivateData, list[str], list[str], list[s
     in_pool = np.isin(labels, classes)
     in_pool[test_idx] = False
     pool = np.flatnonzero(in_pool)
-    chosen = pool[bernoulli_subsample(len(pool), d.num_private)]
+    chosen = pool[bernoulli_subsample(len(pool), d.num_private, field="data.num_private")]
 
     texts = [t[: d.max_chars] for t in raw_texts]
     parties = frame[PARTY_COL].to_numpy()[chosen].tolist() if PARTY_COL in frame.columns else None

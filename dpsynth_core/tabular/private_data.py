@@ -132,7 +132,7 @@ def draw_subset(cfg: TableRunConfig, root: Path, frame: pd.DataFrame) -> np.ndar
     """Draw the secret working subset and keep it in owner-only state (first stage only)."""
     from dpsynth_core.privacy.randomness import bernoulli_subsample
 
-    keep = bernoulli_subsample(len(frame), expected_rows(cfg, len(frame)))
+    keep = bernoulli_subsample(len(frame), expected_rows(cfg, len(frame)), field="data.train_rows")
     state = subset_state(root)
     state.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(state.parent, 0o700)
