@@ -6,9 +6,9 @@
   adding or removing one record moves at most one other row in or out of the private pool.
 * Private pool: every other row whose label is one of the public ``data.classes``.
 * Private working set: each pool row kept independently with probability ``num_private / pool
-  size``, from OS entropy (``bernoulli_subsample``). Poisson sampling never increases epsilon, so
-  the guarantee stated for the votes holds for the user's file (its pool), not only for a drawn
-  sample; a seeded permutation (public seed) would make neighbouring files give unrelated subsets.
+  size``, from OS entropy (``bernoulli_subsample``); a seeded permutation (public seed) would make
+  neighbouring files give unrelated subsets. The rate depends on the pool's size: docs/privacy.md
+  says what that costs and what is refused.
 
 The size of the drawn set varies (about ``num_private``); it is not logged, and the ledger's delta
 uses the configured ``num_private`` (only the opt-in, non-DP ``private_only`` baseline reports it).

@@ -5,10 +5,9 @@ the owner-side evaluation) calls :func:`load_private` with the public config and
 directory: nothing private travels through task arguments, the object store or configs.
 
 The working set. With ``data.train_rows = m`` smaller than the file's n rows, each row is kept
-independently with probability m / n, drawn from OS entropy (``bernoulli_subsample``). Poisson
-subsampling never increases epsilon, so the ledger's (epsilon, delta) holds for the user's whole
-file, not for a drawn sample (a seeded ``sample`` would make neighbouring files give unrelated
-subsets, and the seed is public).
+independently with probability m / n, drawn from OS entropy (``bernoulli_subsample``; a seeded
+``sample`` would make neighbouring files give unrelated subsets, and the seed is public). The rate
+depends on the file's size: docs/privacy.md says what that costs and what is refused.
 
 Resume. The subset is drawn once, at the first stage, and its row indices are kept in owner-only
 run state (``owner_only/private_subset.json``, mode 0600) with a fingerprint of the file, so a
