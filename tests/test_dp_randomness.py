@@ -62,7 +62,8 @@ def test_dp_fair_stats_noise_differs_between_identical_runs(tmp_path):
     frame = pd.DataFrame({"sex": ["F"] * 300 + ["M"] * 500, "y": (["0", "1"] * 400)})
     first = dp_group_label_table(frame, schema, "sex", epsilon=1.0, ledger=_ledger(tmp_path / "a"))
     second = dp_group_label_table(frame, schema, "sex", epsilon=1.0, ledger=_ledger(tmp_path / "b"))
-    assert all(first[a][y] != second[a][y] for a in first for y in first[a])
+    # noisy counts are released as integers: one cell may repeat by chance (~8 % at sigma 3.7), not all four
+    assert first != second
 
 
 def _selection_case():

