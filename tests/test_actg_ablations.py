@@ -38,7 +38,7 @@ def _config(data, run_dir: Path, **update) -> ActgConfig:
     records, schema = data
     raw = {"name": "abl", "output_dir": str(run_dir), "schema_path": str(schema),
            "data": {"path": str(records), "n_records": 40, "n_eval": 20, "public_path": str(records.parent / "public.csv"),
-                    "max_chars": 300},
+                    "sample_fraction": 0.45, "max_chars": 300},  # 40 of the 90 rows not held out
            "extractor": {"kind": "columns"}, "reward": {"kind": "supervised"},
            "features": {"n_synthetic": 6, "options": {"rounds": 2}},  # AIM: 2 rounds suffice here
            "generator": {"model": "tiny-llama", "steps": 2, "expected_batch_size": 8, "physical_batch_size": 8,

@@ -222,17 +222,27 @@ def test_pe_and_tabular_histograms_go_through_the_one_gaussian_histogram_module(
     assert [e.kind for e in ledger.entries()] == ["gaussian", "gaussian"]
 
 
-def test_a_working_set_of_more_than_half_its_rows_but_not_all_is_refused():
-    """The Bernoulli rate m / n depends on the private n; its extra cost grows as the rate nears 1
-    (measured: 4.5 at m = 1,000 of n = 1,001), so that case is refused, naming the key and no count.
-    (The smaller extra cost at low rates, 0.03 at m = 300 of n = 1,000, is not charged yet: see
-    docs/privacy.md.)"""
-    from dpsynth_core.errors import DataError
-    from dpsynth_core.privacy.randomness import bernoulli_subsample
+class _Draws:
+    """A generator whose uniform draws are fixed per row (the same row gets the same draw in every file)."""
 
-    with pytest.raises(DataError, match="data.n_records: the working set would be more than half") as err:
-        bernoulli_subsample(1001, 1000, field="data.n_records")
-    assert "1001" not in str(err.value) and "1000" not in str(err.value)
-    assert len(bernoulli_subsample(1000, 1000)) == 1000  # the whole file: no subsampling
-    kept = bernoulli_subsample(1000, 300)
-    assert 200 < len(kept) < 400
+    def random(self, n):
+        return np.random.default_rng(7).random(2000)[:n]
+
+
+def test_the_working_set_rate_never_depends_on_the_private_files_size():
+    """The measured cases: m/n made every row's inclusion depend on n (extra cost 4.5 at m = 1,000 of
+    n = 1,001; 0.03 at m = 300 of n = 1,000). Now a file larger than m is refused without a public
+    sample_fraction (naming the key, no count), and with one, adding a record changes no other
+    row's inclusion: the rate is the same for n and n + 1."""
+    from dpsynth_core.errors import DataError
+    from dpsynth_core.privacy.randomness import working_set
+
+    for n, m in ((1001, 1000), (1000, 300)):
+        with pytest.raises(DataError, match="data.n_records: the file has more rows than this working-set size") as err:
+            working_set(n, m, None, public_corpus=False, field="data.n_records")
+        assert str(n) not in str(err.value) and str(m) not in str(err.value)
+        kept_n = working_set(n, m, m / 1000, public_corpus=False, field="x", rng=_Draws())
+        kept_more = working_set(n + 1, m, m / 1000, public_corpus=False, field="x", rng=_Draws())
+        assert np.array_equal(kept_more[kept_more < n], kept_n)  # the other rows' inclusion is unchanged
+    assert len(working_set(1000, 1000, None, public_corpus=False, field="x")) == 1000  # every row
+    assert 200 < len(working_set(1000, 300, None, public_corpus=True, field="x")) < 400  # a bundled corpus

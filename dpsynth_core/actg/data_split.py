@@ -10,9 +10,11 @@
   private (which rows are carved follows from the public config, and one added record shifts
   them). The private file is refused if it shares a record with the public one.
 * Private pool: every row of ``data.path`` that is not held out.
-* Private working set: each pool row kept independently with probability ``n_records / pool
-  size``, from OS entropy (``bernoulli_subsample``); the whole pool if it has at most
-  ``n_records`` rows.
+* Private working set (``randomness.working_set``): each pool row kept independently, from OS
+  entropy, with the public probability ``data.sample_fraction``; without one, the whole pool when
+  it has at most ``n_records`` rows, ``n_records / pool size`` on the bundled bioRxiv corpus (a
+  published size), and a refusal otherwise (a rate set by the private file's size would cost more
+  than the ledger states). The accounting states ``n_records``, never the drawn size.
 
 Each call draws a fresh private set; a resumed ``private`` stage may see a different one, which is
 still valid: each DP mechanism is charged in full and each is DP with respect to the file.
@@ -25,7 +27,7 @@ from typing import NamedTuple
 import pandas as pd
 
 from dpsynth_core.errors import DataError
-from dpsynth_core.privacy.randomness import bernoulli_subsample, content_keyed_holdout
+from dpsynth_core.privacy.randomness import content_keyed_holdout, working_set
 
 
 def load_frame(cfg):
@@ -40,7 +42,7 @@ def load_frame(cfg):
 class PrivateSplit(NamedTuple):
     private: pd.DataFrame  # the secret working set (its size is private)
     held_out: pd.DataFrame  # owner-side evaluation rows
-    public_size: int  # what the accounting may state: min(n_records, pool size), never the drawn size
+    public_size: int  # what the accounting may state: n_records, never the drawn size
 
 
 def load_private_split(cfg) -> PrivateSplit:
@@ -60,9 +62,10 @@ def load_private_split(cfg) -> PrivateSplit:
         _check_disjoint(load_public_labeled(cfg)[d.text_col].astype(str).tolist(), set(texts), d)
     held = content_keyed_holdout(texts, d.n_eval, d.seed)
     pool = np.setdiff1d(np.arange(len(texts)), held)
-    private = pool[bernoulli_subsample(len(pool), d.n_records, field="data.n_records")]
+    private = pool[working_set(len(pool), d.n_records, d.sample_fraction, public_corpus=d.path is None,
+                               field="data.n_records")]
     return PrivateSplit(frame.iloc[private].reset_index(drop=True), frame.iloc[held].reset_index(drop=True),
-                        min(d.n_records, len(pool)))
+                        d.n_records)
 
 
 def _check_disjoint(public_texts: list[str], private_texts: set[str], d) -> None:

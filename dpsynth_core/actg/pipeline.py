@@ -77,7 +77,10 @@ class DataSettings(StrictConfig):
     path: Path | None = None
     text_col: str = "abstract"
     label_col: str | None = "category"  # null: a corpus without labels (ACTG's attributes come from the schema)
-    n_records: Annotated[int, RECORDS_CAP] = Field(300, ge=4)     # expected private records: secret Bernoulli sample of the pool
+    n_records: Annotated[int, RECORDS_CAP] = Field(300, ge=4)     # public expected size m of the private working set
+    # public share of the pool's rows drawn into the working set (secret Bernoulli draws); needed when
+    # data.path has more rows than n_records (a rate n_records / rows would depend on the file's size)
+    sample_fraction: float | None = Field(None, gt=0, le=1)
     n_eval: Annotated[int, cap(100_000, 'held-out texts embedded for evaluation')] = Field(200, ge=2)        # held-out real texts for evaluation (owner-side, disjoint)
     max_chars: Annotated[int, TEXT_CHARS_CAP] = Field(1500, ge=50)   # training targets are cut here (the model sees max_seq_len anyway)
     seed: int = 0                         # held-out split only (public); never the private selection

@@ -5,10 +5,11 @@
   the row itself with the public ``data.seed``). A row's key does not depend on other rows, so
   adding or removing one record moves at most one other row in or out of the private pool.
 * Private pool: every other row whose label is one of the public ``data.classes``.
-* Private working set: each pool row kept independently with probability ``num_private / pool
-  size``, from OS entropy (``bernoulli_subsample``); a seeded permutation (public seed) would make
-  neighbouring files give unrelated subsets. The rate depends on the pool's size: docs/privacy.md
-  says what that costs and what is refused.
+* Private working set (``randomness.working_set``): each pool row kept independently, from OS
+  entropy, with the public probability ``data.sample_fraction``; without one, the whole pool when
+  it has at most ``num_private`` rows, ``num_private / pool size`` on the bundled bioRxiv corpus,
+  and a refusal otherwise (docs/privacy.md). A seeded permutation (public seed) would make
+  neighbouring files give unrelated subsets.
 
 The size of the drawn set varies (about ``num_private``); it is not logged, and the ledger's delta
 uses the configured ``num_private`` (only the opt-in, non-DP ``private_only`` baseline reports it).
@@ -21,7 +22,7 @@ import numpy as np
 from dpsynth_core.errors import ConfigError, DataError
 from dpsynth_core.pe.config import PEConfig
 from dpsynth_core.pe.runner import PrivateData
-from dpsynth_core.privacy.randomness import bernoulli_subsample, content_rank_keys
+from dpsynth_core.privacy.randomness import content_rank_keys, working_set
 
 
 PARTY_COL = "__party__"
@@ -73,7 +74,8 @@ def split_data(cfg: PEConfig) -> tuple[PrivateData, list[str], list[str], list[s
     in_pool = np.isin(labels, classes)
     in_pool[test_idx] = False
     pool = np.flatnonzero(in_pool)
-    chosen = pool[bernoulli_subsample(len(pool), d.num_private, field="data.num_private")]
+    chosen = pool[working_set(len(pool), d.num_private, d.sample_fraction, public_corpus=d.source == "biorxiv",
+                              field="data.num_private")]
 
     texts = [t[: d.max_chars] for t in raw_texts]
     parties = frame[PARTY_COL].to_numpy()[chosen].tolist() if PARTY_COL in frame.columns else None

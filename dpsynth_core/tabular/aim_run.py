@@ -81,7 +81,7 @@ def run_aim(cfg: AimConfig, *, resume: bool = True) -> Path:
         announce_finished(root)
         return root
     if not (root / "ledger.sqlite").is_file():
-        PrivacyLedger.create(root, cfg.name, cfg.epsilon, delta, public_size=private_data.stated_size(cfg, rows))
+        PrivacyLedger.create(root, cfg.name, cfg.epsilon, delta, public_size=private_data.expected_rows(cfg, rows))
     stages = {"prepare": lambda c, r: prepare_domain(c, r, schema), "aim": stage_aim, "evaluate": stage_evaluate,
               "release": stage_release}
     for name in STAGES:

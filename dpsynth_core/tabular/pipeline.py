@@ -530,7 +530,7 @@ def run_dpfair(cfg: DpFairConfig, *, resume: bool = True, runner: Runner = local
         announce_finished(root)
         return root
     if not (root / "ledger.sqlite").is_file():
-        PrivacyLedger.create(root, cfg.name, cfg.epsilon, delta, public_size=private_data.stated_size(cfg, rows))
+        PrivacyLedger.create(root, cfg.name, cfg.epsilon, delta, public_size=private_data.expected_rows(cfg, rows))
     local = {"prepare": stage_prepare, "fair_stats": stage_fair_stats, "marginals": stage_marginals, "evaluate": stage_evaluate,
              "reference": stage_reference, "release": stage_release}
     for name in stages:
