@@ -22,12 +22,43 @@ still valid: each DP mechanism is charged in full and each is DP with respect to
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from pathlib import Path
+from typing import Annotated, NamedTuple
 
 import pandas as pd
+from pydantic import Field, model_validator
 
+from dpsynth_core.config import RECORDS_CAP, TEXT_CHARS_CAP, StrictConfig, cap
 from dpsynth_core.errors import DataError
 from dpsynth_core.privacy.randomness import content_keyed_holdout, working_set
+
+
+class DataSettings(StrictConfig):
+    """The private corpus. ``path: null`` = the bioRxiv set from ``data_dir()``."""
+
+    path: Path | None = None
+    text_col: str = "abstract"
+    label_col: str | None = "category"  # null: a corpus without labels (ACTG's attributes come from the schema)
+    n_records: Annotated[int, RECORDS_CAP] = Field(300, ge=4)     # public expected size m of the private working set
+    # public share of the pool's rows drawn into the working set (secret Bernoulli draws); needed when
+    # data.path has more rows than n_records (a rate n_records / rows would depend on the file's size)
+    sample_fraction: float | None = Field(None, gt=0, le=1)
+    n_eval: Annotated[int, cap(100_000, 'held-out texts embedded for evaluation')] = Field(200, ge=2)        # held-out real texts for evaluation (owner-side, disjoint)
+    max_chars: Annotated[int, TEXT_CHARS_CAP] = Field(1500, ge=50)   # training targets are cut here (the model sees max_seq_len anyway)
+    seed: int = 0                         # held-out split only (public); never the private selection
+    # a separate file the owner declares public and labeled (same columns), disjoint from `path`: trains the reward
+    public_path: Path | None = None
+    n_public: Annotated[int, RECORDS_CAP] = Field(0, ge=0)        # rows of public_path to use (0: all)
+    text_description: str = "bioRxiv preprint abstract"
+
+    @model_validator(mode="after")
+    def _public_rows_from_a_public_file(self) -> DataSettings:
+        if self.n_public and self.public_path is None:  # the old meaning: rows carved out of the private file
+            raise ValueError("data.n_public without data.public_path: rows taken from the private file are private "
+                             "(anyone with the config can tell which were taken); give a separate file declared "
+                             "public in data.public_path")
+        return self
+
 
 
 def load_frame(cfg):
