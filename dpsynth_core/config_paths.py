@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 # keys (at any depth) that name an input file or folder
-INPUT_PATH_KEYS = frozenset({"path", "test_path", "party_paths", "schema_path", "prompts"})
+INPUT_PATH_KEYS = frozenset({"path", "test_path", "public_path", "party_paths", "schema_path", "prompts"})
 
 
 def _next_to_config(value, config_dir: Path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,15 +42,17 @@ def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file())
 
 
-def write_release(run_dir: str | Path, items: Mapping[str, str | Path], *, ledger, method: str) -> Path:
+def write_release(run_dir: str | Path, items: Mapping[str, str | Path], *, ledger, method: str,
+                  timestamps: bool = True) -> Path:
     """Build ``RUN_DIR/release/`` atomically from ``items`` (name in the release -> file or directory
     in the run), plus the ledger (JSON and text) and ``MANIFEST.json`` (sha256 of every file, the
-    composed epsilon at delta, and whether the run is private at all)."""
+    composed epsilon at delta, and whether the run is private at all). ``timestamps=False`` leaves
+    the ledger's times out (a DP sweep's release: a trial's times would hint at how many ran)."""
     run_dir = Path(run_dir)
     missing = [str(src) for src in items.values() if not Path(src).exists()]
     if missing:
         raise ConfigError(f"{run_dir}: cannot build the release, missing outputs: {missing}")
-    summary = ledger.to_dict()
+    summary = ledger.to_dict(timestamps=timestamps)
 
     def build(staging: Path) -> None:
         for name, src in items.items():
@@ -60,7 +63,7 @@ def write_release(run_dir: str | Path, items: Mapping[str, str | Path], *, ledge
             else:
                 shutil.copy2(src, dst)
         (staging / LEDGER_JSON).write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
-        (staging / LEDGER_TEXT).write_text(ledger.render(), encoding="utf-8")
+        (staging / LEDGER_TEXT).write_text(ledger.render(timestamps=timestamps), encoding="utf-8")
         manifest = {
             "method": method,
             "dataset": summary["dataset"],
@@ -68,12 +71,25 @@ def write_release(run_dir: str | Path, items: Mapping[str, str | Path], *, ledge
             "epsilon": None if summary.get("not_private") else summary["total_epsilon"],
             "epsilon_budget": summary["epsilon_budget"],
             "delta": summary["delta"],
+            # m * delta with the public working-set size m (never the file's row count): keep it well below 1
+            "public_size": summary.get("public_size"),
+            "m_times_delta": summary.get("m_times_delta"),
             "not_private": summary.get("not_private", False),
             "files": {str(p.relative_to(staging)): _sha256(p) for p in _files(staging)},
         }
         (staging / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
 
     return atomic_dir(release_dir(run_dir), build)
+
+
+def rebuild_release(run_dir: str | Path, ledger, *, timestamps: bool = False) -> Path:
+    """Rewrite ``RUN_DIR/release/`` around ``ledger``: the same outputs (checked against the old
+    manifest first), new ledger files and a new manifest. A DP sweep calls it once the best trial's
+    ledger holds the selection event, so what is published states the selection's epsilon."""
+    old = _verify_files(run_dir)
+    root = release_dir(run_dir)
+    outputs = {name: root / name for name in old["files"] if name not in (LEDGER_JSON, LEDGER_TEXT)}
+    return write_release(run_dir, outputs, ledger=ledger, method=old["method"], timestamps=timestamps)
 
 
 def read_manifest(run_dir: str | Path) -> dict:
@@ -83,7 +99,7 @@ def read_manifest(run_dir: str | Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def verify_release(run_dir: str | Path) -> dict:
+def _verify_files(run_dir: str | Path) -> dict:
     """The manifest, after checking that ``release/`` holds exactly its files with their hashes."""
     manifest = read_manifest(run_dir)
     root = release_dir(run_dir)
@@ -95,6 +111,54 @@ def verify_release(run_dir: str | Path) -> dict:
     for name, digest in manifest["files"].items():
         if _sha256(root / name) != digest:
             raise ConfigError(f"{root / name}: changed since the release was written (sha256 mismatch)")
+    return manifest
+
+
+def _entry_list(entries) -> list[str]:
+    """Stage, kind, parameters and epsilon of each entry, comparable across JSON round trips."""
+    return [json.dumps([e["stage"], e["kind"], e["params"], round(float(e["epsilon"]), 9)], sort_keys=True)
+            for e in entries]
+
+
+def check_release_matches_ledger(run_dir: str | Path, manifest: dict) -> None:
+    """Refuse a release whose manifest or ledger files disagree with the run's ``ledger.sqlite``
+    (epsilon, budget, delta, the not-private mark, or the list of entries): it would publish a
+    guarantee the run's privacy spend does not support (a DP sweep's trial release, say)."""
+    from dpsynth_core.privacy import LEDGER_FILE, PrivacyLedger
+
+    run_dir = Path(run_dir)
+    if not (run_dir / LEDGER_FILE).is_file():
+        raise ConfigError(f"{run_dir}: no {LEDGER_FILE} next to release/; the release cannot be checked "
+                          "against the run's privacy spend")
+    ledger = PrivacyLedger.open(run_dir)
+    private = ledger.is_private
+    total = ledger.total_epsilon()
+    published = json.loads((release_dir(run_dir) / LEDGER_JSON).read_text(encoding="utf-8"))
+    problems = []
+    if bool(manifest.get("not_private")) != (not private):
+        problems.append("the not-private mark")
+    if private and not (manifest.get("epsilon") is not None and math.isclose(manifest["epsilon"], total, rel_tol=1e-6)):
+        problems.append(f"epsilon (manifest {manifest.get('epsilon')}, ledger.sqlite {total:.6g})")
+    if not math.isclose(float(published["total_epsilon"]), total, rel_tol=1e-6, abs_tol=1e-12):
+        problems.append(f"epsilon in {LEDGER_JSON} ({published['total_epsilon']}, ledger.sqlite {total:.6g})")
+    for key, value in (("epsilon_budget", ledger.epsilon_budget), ("delta", ledger.delta)):
+        if not math.isclose(float(manifest[key]), value, rel_tol=1e-9):
+            problems.append(f"{key} (manifest {manifest[key]}, ledger.sqlite {value:g})")
+    sqlite_entries = [{"stage": e.stage, "kind": e.kind, "params": e.params, "epsilon": e.epsilon}
+                      for e in ledger.entries()]
+    if _entry_list(published["entries"]) != _entry_list(sqlite_entries):
+        problems.append(f"the list of ledger entries ({LEDGER_JSON}: {[e['stage'] for e in published['entries']]}, "
+                        f"ledger.sqlite: {[e['stage'] for e in sqlite_entries]})")
+    if problems:
+        raise ConfigError(f"{release_dir(run_dir)}: disagrees with {run_dir / LEDGER_FILE} on {'; '.join(problems)}; "
+                          "it would publish a privacy guarantee the run's ledger does not state. Rebuild the "
+                          "release (a DP sweep rebuilds its best trial's release after selection)")
+
+
+def verify_release(run_dir: str | Path) -> dict:
+    """The manifest, after checking every file's hash and that it states what ``ledger.sqlite`` does."""
+    manifest = _verify_files(run_dir)
+    check_release_matches_ledger(run_dir, manifest)
     return manifest
 
 

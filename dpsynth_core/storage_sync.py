@@ -14,7 +14,9 @@ with the bucket through pyarrow's filesystems (the ones Ray Train's ``storage_pa
 * **durable writes**: :func:`make_durable` uploads one file at once. The ledger calls it after
   every record and PE after storing a noisy vote, so a DP event (and a drawn release) is in the
   bucket before the mechanism's output is used; a resume elsewhere never charges or draws twice.
-  Files deleted locally (a DP-SGD checkpoint holding the secret seed) are deleted in the bucket.
+  Files deleted locally are deleted in the bucket.
+* **local only**: owner-only state and DP-SGD checkpoints (secret seeds) are never uploaded
+  (``LOCAL_ONLY``); a resume elsewhere starts such a stage over.
 
 Single writer: one stage at a time writes the run (the driver pulls after each remote stage). A
 push never overwrites a remote file that changed since this mirror last saw it -- that would lose
@@ -46,8 +48,13 @@ LOCAL_STATE = ".dpsynth-sync.json"
 REMOTE_INDEX = ".dpsynth-sync/index.json"
 LEDGER_NAME = "ledger.sqlite"
 COMMIT_FILES = ("stages/*.done", "checkpoints/latest", "release/MANIFEST.json")  # uploaded last
+# Secrets never leave the machine: owner-only state (DPFairLLM's drawn row indices) and DP-SGD
+# checkpoints (they hold the secret sampling seed; ``checkpoint/`` of a stage, Ray Train's
+# ``ray_train/``). A run resumed on another machine starts such a stage over (or, for DPFairLLM's
+# subset after a DP stage, refuses), which costs time, never privacy.
+LOCAL_ONLY = ("owner_only/*", "checkpoint/*", "*/checkpoint/*", "ray_train/*", "*/ray_train/*")
 _SKIPPED = (LOCAL_STATE, ".dpsynth-sync/*", "*.tmp", "*/.*.tmp", ".ledger-*", "*-journal", "*-wal", "*-shm",
-            ".lock")  # .lock: run_lock.py's flock file belongs to one machine
+            ".lock", *LOCAL_ONLY)  # .lock: run_lock.py's flock file belongs to one machine
 ENDPOINT_ENV = ("DPSYNTH_STORAGE_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 
 

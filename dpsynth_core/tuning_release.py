@@ -11,7 +11,11 @@ Papernot & Steinke bound the release of *one* output, the best. So after selecti
 * the best trial's ledger is replaced by the released ledger: the selection event (whose
   candidates include this trial's own events, so they are not counted twice) at the sweep's
   budget, then the trial's zero-cost post-processing stages. Its composed total is the true
-  cost of the release.
+  cost of the release;
+* the best trial's ``release/`` (which its pipeline wrote with the trial's own, smaller epsilon)
+  is rebuilt around the released ledger, without timestamps (a trial's start time hints at how
+  many trials ran before it). ``verify_release`` refuses a release whose manifest and
+  ``ledger.sqlite`` disagree, so the trial's own release can never be published.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 from dpsynth_core.privacy import LEDGER_FILE, PrivacyLedger
+from dpsynth_core.release import MANIFEST_FILE, rebuild_release, release_dir
 from dpsynth_core.tuning_plan import SweepBound
 
 SELECTION_STAGE = "hyperparameter_selection"
@@ -40,6 +45,8 @@ def remove_trial(run_dir: Path) -> None:
 
 def check_trials_covered(run_dirs: list[Path], bound: SweepBound) -> None:
     for run_dir in run_dirs:
+        if not (Path(run_dir) / LEDGER_FILE).is_file():
+            continue  # failed before its ledger existed, so before any stage read private data: spent nothing
         ledger = PrivacyLedger.open(run_dir)
         if abs(ledger.delta - bound.delta) > 1e-12 * max(1.0, bound.delta) or not bound.covers(ledger.events()):
             raise UncoveredTrialError(
@@ -55,7 +62,8 @@ def write_released_ledger(best_dir: Path, bound: SweepBound, budget: float, deta
     covered = [{"stage": e.stage, "kind": e.kind, "params": e.params, "epsilon_alone": e.epsilon}
                for e in entries if e.kind != "post_processing"]
     with tempfile.TemporaryDirectory(dir=best_dir) as scratch:
-        released = PrivacyLedger.create(scratch, dataset=bound.dataset, epsilon_budget=budget, delta=bound.delta)
+        released = PrivacyLedger.create(scratch, dataset=bound.dataset, epsilon_budget=budget, delta=bound.delta,
+                                          public_size=trial.public_size)
         released.record(SELECTION_STAGE, bound.event, {
             **(details or {}),
             "covers_stages": covered,
@@ -86,14 +94,23 @@ def _refresh_metrics_ledger(run_dir: Path, ledger: PrivacyLedger) -> None:
 
 
 def release_best(best_dir: Path, run_dirs: list[Path], bound: SweepBound, budget: float) -> float:
-    """Check coverage, delete every trial but the best, write the released ledger; its total."""
+    """Check coverage, delete every trial but the best, write the released ledger and rebuild the
+    best trial's release around it; its total. On any failure every trial is deleted: a trial's
+    own release states its own epsilon, never the selection's."""
     try:
         check_trials_covered(run_dirs, bound)
-    except UncoveredTrialError:
         for run_dir in run_dirs:
+            if Path(run_dir).resolve() != Path(best_dir).resolve():
+                remove_trial(run_dir)
+        total = write_released_ledger(Path(best_dir), bound, budget)
+        rebuild_release(best_dir, PrivacyLedger.open(best_dir), timestamps=False)
+        return total
+    except BaseException:
+        for run_dir in {*run_dirs, Path(best_dir)}:
             remove_trial(run_dir)
         raise
-    for run_dir in run_dirs:
-        if Path(run_dir).resolve() != Path(best_dir).resolve():
-            remove_trial(run_dir)
-    return write_released_ledger(Path(best_dir), bound, budget)
+
+
+def has_release(run_dir: str | Path) -> bool:
+    """A trial is a candidate for release only if its pipeline wrote ``release/`` (its DP outputs)."""
+    return (release_dir(run_dir) / MANIFEST_FILE).is_file()

@@ -22,6 +22,7 @@ import this module.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -200,6 +201,8 @@ def run_dp_finetune(
     storage = output_dir / RAY_STORAGE_DIRNAME
     if not resume:
         shutil.rmtree(storage, ignore_errors=True)  # a fresh start leaves no old seed behind
+    storage.mkdir(parents=True, exist_ok=True)
+    os.chmod(storage, 0o700)  # its checkpoints hold the secret seed; Ray writes them with default modes
     resume_dir = latest_checkpoint(storage, plan, fingerprint) if resume else None
     sampling_seed = (
         TrainState.from_json((resume_dir / STATE_FILE).read_text()).sampling_seed if resume_dir else new_sampling_seed(config)

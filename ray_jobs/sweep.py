@@ -114,25 +114,40 @@ def flatten(metrics: dict, prefix: str = "") -> dict[str, float]:
     return flat
 
 
-TRIAL_INDEX = "trial"  # a DP sweep's Tune space: an index into the configurations it drew secretly
+TRIAL_PARAMS = "trial"  # a DP sweep's Tune space: the trial's own configuration, as JSON
 
 
-def run_trial(params: dict, *, pipeline: str, base: dict, overrides: dict, trials_dir: str,
-              drawn: list[dict] | None = None) -> None:
-    """One Tune trial: write the trial's config, run the pipeline, report its metrics."""
+def run_trial(params: dict, *, pipeline: str, base: dict, overrides: dict, trials_dir: str, metric: str | None = None,
+              private: bool = False) -> None:
+    """One Tune trial: write the trial's config, run the pipeline, report its metrics.
+
+    In a DP sweep (``private``) the trial reports only ``metric`` (private-free) and its run
+    directory, and a failure after the pipeline wrote ``release/`` and that metric (its owner-side
+    evaluation of held-out rows) does not drop the trial: the score it reports is the same either
+    way, so the selection never depends on held-out data."""
     from ray import tune
 
-    if drawn is not None:
-        params = drawn[params[TRIAL_INDEX]]
+    if private:
+        params = json.loads(params[TRIAL_PARAMS])
     # a random name: Tune's trial ids carry the trial's index, which would tell how many ran
     run_dir = Path(trials_dir) / secrets.token_hex(6)
     run_dir.mkdir(parents=True, exist_ok=False)
     config_path = run_dir.parent / f"{run_dir.name}.yaml"
     config_path.write_text(yaml.safe_dump(trial_config(base, overrides, params, run_dir), sort_keys=False))
     driver = importlib.import_module(f"ray_jobs.{pipeline}")
-    out_dir = Path(driver.main(config_path, resume=True))
-    metrics = json.loads((out_dir / "metrics.json").read_text())
-    tune.report({**flatten(metrics), "run_dir": str(out_dir)})
+    if not private:
+        out_dir = Path(driver.main(config_path, resume=True))
+        metrics = json.loads((out_dir / "metrics.json").read_text())
+        tune.report({**flatten(metrics), "run_dir": str(out_dir)})
+        return
+    try:
+        driver.main(config_path, resume=True)
+    except Exception:
+        if not (run_dir / "release" / "MANIFEST.json").is_file():
+            raise  # failed before its DP outputs existed: ranked last, like any failed trial
+    score = flatten(json.loads((run_dir / "metrics.json").read_text())).get(metric) \
+        if (run_dir / "metrics.json").is_file() else None
+    tune.report({metric: score, "run_dir": str(run_dir)} if score is not None else {"run_dir": str(run_dir)})
 
 
 def _search_space(config: SweepConfig) -> dict:
@@ -178,13 +193,13 @@ def start_ray(config: SweepConfig) -> int:
     return config.max_concurrent_trials or max(1, int(cpus // (1 + config.cpus_per_trial)))
 
 
-def make_trainable(config: SweepConfig, base: dict, trials_dir: Path, drawn: list[dict] | None = None):
+def make_trainable(config: SweepConfig, base: dict, trials_dir: Path, private: bool = False):
     from ray import tune
 
     return tune.with_resources(
         tune.with_parameters(
             run_trial, pipeline=config.pipeline, base=base, overrides=config.overrides, trials_dir=str(trials_dir),
-            drawn=drawn,
+            metric=config.metric, private=private,
         ),
         tune.PlacementGroupFactory([{"CPU": 1}, {"CPU": config.cpus_per_trial,
                                                  **({"GPU": config.gpus_per_trial} if config.gpus_per_trial else {})}]),
@@ -282,6 +297,8 @@ def main(config_path: Path) -> dict:
     config = load_config(config_path, SweepConfig)
     summary = run(config)
     print(json.dumps(summary, indent=2, default=str))
+    if summary.get("message"):
+        print(summary["message"])
     return summary
 
 

@@ -24,9 +24,10 @@ def data(tmp_path_factory) -> tuple[Path, Path]:
     from dpsynth_core.data import load_biorxiv
 
     root = tmp_path_factory.mktemp("actg_data")
-    frame = load_biorxiv().head(110)[["abstract", "category", *FIELDS]]
+    frame = load_biorxiv().head(130)[["abstract", "category", *FIELDS]]
     frame = frame.assign(abstract=frame["abstract"].str.slice(0, 300))
-    frame.to_csv(root / "records.csv", index=False)
+    frame.head(110).to_csv(root / "records.csv", index=False)
+    frame.tail(20).to_csv(root / "public.csv", index=False)  # a separate file, declared public
     full = builtin_schema("biorxiv").to_dict()
     full["fields"] = [f for f in full["fields"] if f["name"] in FIELDS]
     (root / "schema.yaml").write_text(yaml.safe_dump(full))
@@ -36,7 +37,8 @@ def data(tmp_path_factory) -> tuple[Path, Path]:
 def _config(data, run_dir: Path, **update) -> ActgConfig:
     records, schema = data
     raw = {"name": "abl", "output_dir": str(run_dir), "schema_path": str(schema),
-           "data": {"path": str(records), "n_records": 40, "n_eval": 20, "n_public": 20, "max_chars": 300},
+           "data": {"path": str(records), "n_records": 40, "n_eval": 20, "public_path": str(records.parent / "public.csv"),
+                    "sample_fraction": 0.45, "max_chars": 300},  # 40 of the 90 rows not held out
            "extractor": {"kind": "columns"}, "reward": {"kind": "supervised"},
            "features": {"n_synthetic": 6, "options": {"rounds": 2}},  # AIM: 2 rounds suffice here
            "generator": {"model": "tiny-llama", "steps": 2, "expected_batch_size": 8, "physical_batch_size": 8,

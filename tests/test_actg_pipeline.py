@@ -167,11 +167,12 @@ def test_pipeline_end_to_end_on_ray_with_resume(ray_session, tmp_path):
 
 def test_delta_must_be_below_one_over_the_private_set_size(tmp_path):
     """privacy.delta >= 1/n_records (n_records: the public expected size of the private set) is refused
-    before any data are read, naming the field; the default is 1/(n ln n) of that public size."""
+    before any data are read, naming the field; the default is min(1e-5, n^-1.1) of that public size."""
     from dpsynth_core.actg.pipeline import open_or_create_ledger
     from dpsynth_core.privacy import default_delta
 
     with pytest.raises(ConfigError, match=r"field 'privacy.delta'.*not below 1/n"):
         open_or_create_ledger(ActgConfig(data={"n_records": 32}, privacy={"delta": 0.05}), tmp_path / "a")
     ledger = open_or_create_ledger(ActgConfig(data={"n_records": 32}), tmp_path / "b")
-    assert ledger.delta == pytest.approx(default_delta(32))
+    assert ledger.delta == pytest.approx(default_delta(32)) == 1e-5  # min(1e-5, m^-1.1)
+    assert ledger.public_size == 32  # stated with m * delta in `ledger show` and the release

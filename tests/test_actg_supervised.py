@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -34,21 +35,25 @@ def test_columns_extractor_returns_the_oracle_labels(biorxiv, schema):
         columns_attributes(biorxiv.drop(columns=["model_organism"]), schema)
     with pytest.raises(ValueError, match="cannot score"):
         ActgConfig(extractor={"kind": "columns"})  # the reward must read texts
-    with pytest.raises(ValueError, match="n_public"):
+    with pytest.raises(ValueError, match="public_path"):
         ActgConfig(extractor={"kind": "columns"}, reward={"kind": "supervised"})
 
 
 def test_reward_model_never_sees_private_rows(biorxiv, schema, tmp_path, monkeypatch):
-    """The reward is fitted on the public labeled rows only: public, held-out and private rows are
-    disjoint, and rewriting every non-public row (texts and labels) leaves its weights unchanged."""
+    """The reward is fitted on the declared-public file only: its rows, the held-out and the private
+    rows are disjoint, and rewriting every row of the private file (texts and labels) leaves the
+    reward's weights unchanged."""
     from dpsynth_core.actg import data_split
     from dpsynth_core.actg.pipeline import RunDir, open_or_create_ledger
     from dpsynth_core.actg.stages_post import stage_reward_model
     from dpsynth_core.privacy import PrivacyLedger
 
-    cfg = ActgConfig(data={"n_records": 40, "n_eval": 30, "n_public": 16, "max_chars": 200}, extractor={"kind": "columns"},
-                     reward={"kind": "supervised"}, features={"n_synthetic": 6})
-    frame = {"now": biorxiv.copy()}
+    public_file = tmp_path / "public.csv"
+    biorxiv.tail(16).to_csv(public_file, index=False)  # a separate file, declared public
+    private_rows = biorxiv.head(len(biorxiv) - 16)
+    cfg = ActgConfig(data={"n_records": 40, "n_eval": 30, "public_path": str(public_file), "max_chars": 200},
+                     extractor={"kind": "columns"}, reward={"kind": "supervised"}, features={"n_synthetic": 6})
+    frame = {"now": private_rows.copy()}
     monkeypatch.setattr(data_split, "load_frame", lambda c: frame["now"])
     public = data_split.load_public_labeled(cfg)
     private, held, _ = data_split.load_private_split(cfg)
@@ -58,14 +63,14 @@ def test_reward_model_never_sees_private_rows(biorxiv, schema, tmp_path, monkeyp
     schema.save(RunDir(tmp_path / "a").schema)
     open_or_create_ledger(cfg, tmp_path / "a")
     stage_reward_model(cfg, str(tmp_path / "a"))
-    # the public rows' use is in the ledger, at zero epsilon, beside the charged stages
+    # the public file's use is in the ledger, at zero epsilon, beside the charged stages
     (use,) = [e for e in PrivacyLedger.open(tmp_path / "a").entries() if e.stage == "public_labeled_data"]
     assert use.kind == "post_processing" and use.epsilon == 0.0 and use.details["rows"] == 16
-    # every row that is not public: another text, another label
-    poisoned = biorxiv.copy()
-    others = ~poisoned["abstract"].isin(keys(public) | keys(held))  # the private pool
-    poisoned.loc[others, "abstract"] = _texts_ranked_after(public["abstract"].tolist(), int(others.sum()))
-    poisoned.loc[others, "primary_research_area"] = "Paleontology"
+    assert "data.public_path" in use.details["what"] and "removed from the private pool" not in use.details["what"]
+    # every row of the private file: another text, another label
+    poisoned = private_rows.copy()
+    poisoned["abstract"] = [f"PRIVATE secret record {i} about kinases" for i in range(len(poisoned))]
+    poisoned["primary_research_area"] = "Paleontology"
     frame["now"] = poisoned
     (tmp_path / "b").mkdir()
     schema.save(RunDir(tmp_path / "b").schema)
@@ -75,19 +80,49 @@ def test_reward_model_never_sees_private_rows(biorxiv, schema, tmp_path, monkeyp
     assert set(a.files) == set(b.files) and all(np.array_equal(a[k], b[k]) for k in a.files)
 
 
-def _texts_ranked_after(public_texts, count):
-    """Private-looking texts whose content keys rank after every public row, so the held-out and
-    public rows stay the same rows (the split ranks rows by content keys)."""
-    from dpsynth_core.privacy.randomness import content_rank_keys
+def test_public_rows_are_never_carved_out_of_the_private_file(biorxiv, tmp_path, monkeypatch):
+    """data.n_public without a declared-public file (the old carve-out of private rows) is refused at
+    config load, naming the key, exit 2; a public file that shares a record with the private file is
+    refused before any DP stage, naming the public file's row and never the text."""
+    from typer.testing import CliRunner
 
-    cutoff = content_rank_keys(public_texts, 0).max()
-    out, i = [], 0
-    while len(out) < count:
-        text = f"PRIVATE secret record {i} about kinases"
-        if content_rank_keys([text], 0)[0] > cutoff:
-            out.append(text)
-        i += 1
-    return out
+    from dpsynth_core.actg import data_split
+    from dpsynth_core.cli.main import _app
+    from dpsynth_core.errors import ConfigError
+
+    with pytest.raises(ValueError, match=r"data.n_public without data.public_path"):
+        ActgConfig(data={"n_records": 40, "n_public": 16}, extractor={"kind": "columns"}, reward={"kind": "supervised"})
+    with pytest.raises(ValueError, match=r"set data.public_path"):
+        ActgConfig(extractor={"kind": "columns"}, reward={"kind": "supervised"})
+    config = tmp_path / "carve.yaml"
+    config.write_text("data: {n_records: 40, n_public: 16}\n")
+    result = CliRunner().invoke(_app, ["run", "actg", "--config", str(config), "--check"])
+    assert isinstance(result.exception, ConfigError) and "data.n_public" in str(result.exception)
+    public_file = tmp_path / "public.csv"
+    biorxiv.iloc[[5, 140, 141]].to_csv(public_file, index=False)  # row 1 of it is also a private record
+    cfg = ActgConfig(data={"n_records": 40, "n_eval": 30, "public_path": str(public_file)},
+                     extractor={"kind": "columns"}, reward={"kind": "supervised"})
+    monkeypatch.setattr(data_split, "load_frame", lambda c: biorxiv.head(140))
+    with pytest.raises(DataError, match=r"public.csv: column 'abstract', row 1: this record is also in data.path") as err:
+        data_split.load_private_split(cfg)
+    assert biorxiv["abstract"][5][:30] not in str(err.value)
+
+
+def test_paper_configs_read_a_declared_public_file_disjoint_from_the_private_file(tmp_path, monkeypatch):
+    from dpsynth_core.actg.paper_data import PAPER_DATA_DIR, write_paper_split
+    from dpsynth_core.actg.pipeline import load_actg_config
+    from dpsynth_core.data import load_biorxiv
+
+    public_file, private_file = write_paper_split(tmp_path / PAPER_DATA_DIR)
+    public, private = pd.read_csv(public_file), pd.read_csv(private_file)
+    assert 250 <= len(public) <= 300 and not set(public["abstract"]) & set(private["abstract"])
+    assert len(public) + len(private) <= len(load_biorxiv()) and len(private) >= 1000
+    monkeypatch.chdir(tmp_path)  # the configs' relative paths are read from the current directory
+    repo = Path(__file__).resolve().parent.parent
+    for name in ("actg_paper", "actg_paper_eps_inf", "actg_paper_dpft_features", "actg_paper_direct_prompt"):
+        cfg = load_actg_config(repo / "configs" / f"{name}.yaml")
+        assert cfg.resolved(cfg.data.public_path).resolve() == public_file.resolve()
+        assert cfg.resolved(cfg.data.path).resolve() == private_file.resolve()
 
 
 class KeywordReward:

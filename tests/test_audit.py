@@ -80,12 +80,11 @@ def test_canaries_disjoint_and_inclusion_secret():
 # --- the audit on a real DP-SGD run ----------------------------------------------------------
 DATA = [TrainExample("", f"note {i}") for i in range(20)]
 # One config for both runs; only sigma differs. rdp: its calibration is the fastest here.
-# 40 steps (each canary sampled ~8 times): with 15 steps at lr 0.1 the noise-off run memorised
-# too little to refute eps = 0.5 in about 1 of 4 runs (32-46 of 50 right); with 40 at lr 0.05
-# it made 49-50 of 50 right in 4 of 4 (bound 2.3-2.8), see the commit message.
-CONFIG = DpSgdConfig(model="tiny-llama", epsilon=0.5, delta=1e-5, steps=40, expected_batch_size=24,
+# 40 steps at lr 0.05 (each canary sampled ~8 times): the noise-off run memorises the included
+# canaries. m = 200 with 50 + 50 guesses can refute up to 3.47 at delta = 1e-5, above the claimed 1.
+CONFIG = DpSgdConfig(model="tiny-llama", epsilon=1.0, delta=1e-5, steps=40, expected_batch_size=24,
                      physical_batch_size=24, learning_rate=0.05, max_seq_len=16, device="cpu", accountant="rdp")
-SETTINGS = dict(canaries=100, canary_tokens=4)  # guesses: 25 "in" + 25 "out"
+SETTINGS = dict(canaries=200, canary_tokens=4)  # guesses: 50 "in" + 50 "out"
 
 
 def test_noise_off_is_refused_without_the_test_flag():
@@ -96,26 +95,80 @@ def test_noise_off_is_refused_without_the_test_flag():
 
 
 def test_audit_fails_with_noise_off(tmp_path):
-    """Without noise the canaries are memorised: the bound refutes the epsilon sigma was calibrated for."""
+    """Without noise the canaries are memorised: the bound refutes the claimed epsilon = 1, and the
+    report says `failed`, with its false-alarm rate and no bound picked after looking."""
     from dpsynth_core.audit import write_audit_report
 
     result = run_dpsgd_audit(DATA, CONFIG, AuditSettings(**SETTINGS, noise="off"), allow_test_only=True)
     assert result.noise_multiplier == 0.0 and not result.private
+    assert result.largest_reachable_bound == pytest.approx(3.47, abs=0.03) and 3.44 > CONFIG.epsilon
     assert result.epsilon_lower_bound > CONFIG.epsilon, result.to_summary()
-    assert not result.passed
+    assert result.status == "failed" and not result.passed
     summary, plot = write_audit_report(result, tmp_path)
     written = json.loads(summary.read_text())
+    assert written["status"] == "failed" and written["false_alarm_rate"] == pytest.approx(0.05)
+    assert "passed" not in written and "guesses_by_count" not in written  # its maximum is not a valid bound
     assert written["private"] is False and "NOT PRIVATE" in written["warning"]
-    assert written["correct"] == result.correct and written["guesses"] == 50
+    assert written["correct"] == result.correct and written["guesses"] == 100
     assert plot.stat().st_size > 10_000
 
 
 def test_audit_passes_with_calibrated_noise():
     result = run_dpsgd_audit(DATA, CONFIG, AuditSettings(**SETTINGS))
-    assert result.private and result.noise_multiplier > 1.0  # sigma calibrated for eps = 0.5
+    assert result.private and result.noise_multiplier > 1.0  # sigma calibrated for eps = 1
     assert result.claimed_epsilon == CONFIG.epsilon
     assert result.epsilon_lower_bound < CONFIG.epsilon, result.to_summary()
-    assert result.passed
+    assert result.status == "passed"
+
+
+def test_an_audit_that_cannot_fail_is_inconclusive_and_shipped_configs_can_fail():
+    """The old shipped configs (epsilon 4, m = 100) could reach at most 2.78: `inconclusive`, never
+    `passed`, whatever the run found. m = 1,000 (the default) reaches 5.09 at delta = 1e-5."""
+    from dpsynth_core.audit import audit_status, largest_reachable_bound
+    from dpsynth_core.cli.audit import AuditJobConfig
+    from dpsynth_core.config import load_config
+
+    reach_100 = largest_reachable_bound(100, 50, 1e-5)
+    assert reach_100 == pytest.approx(2.78, abs=0.01)
+    assert audit_status(reach_100, 4.0, reach_100) == "inconclusive"  # even with every guess right
+    assert audit_status(4.5, 4.0, reach_100) == "failed" and audit_status(1.0, 0.5, reach_100) == "failed"
+    settings = AuditSettings()
+    assert settings.canaries >= 1000
+    assert largest_reachable_bound(settings.canaries, settings.k_in + settings.k_out, 1e-5) == pytest.approx(
+        5.09, abs=0.01)
+    for name in ("audit_tiny.yaml", "audit_smollm2.yaml"):
+        job = load_config(Path(__file__).resolve().parent.parent / "configs" / name, AuditJobConfig)
+        reach = largest_reachable_bound(job.audit.canaries, job.audit.k_in + job.audit.k_out, job.train.delta)
+        assert reach > job.train.epsilon, name
+
+
+def test_sigma_and_q_come_from_the_public_size_before_any_canary_is_drawn(monkeypatch):
+    """The number of canaries included is secret: the audited mechanism's q and sigma are fixed from
+    records + m/2 before the draw (they used to be calibrated on the drawn training set)."""
+    import dpsynth_core.audit.run as audit_run
+
+    import dpsynth_core.dpsgd.budget as budget
+
+    calls = []
+
+    real_plan = budget.plan_privacy
+
+    def recording_plan(config, examples, **kw):
+        calls.append(("plan", config.public_num_units, len(examples)))
+        return real_plan(config, examples, **kw)
+
+    class Drawn(Exception):
+        pass
+
+    def stop_at_draw(*args, **kwargs):
+        calls.append(("draw",))
+        raise Drawn
+
+    monkeypatch.setattr(budget, "plan_privacy", recording_plan)
+    monkeypatch.setattr(audit_run, "draw_canaries", stop_at_draw)
+    with pytest.raises(Drawn):
+        run_dpsgd_audit(DATA, CONFIG, AuditSettings(**SETTINGS))
+    assert calls == [("plan", len(DATA) + 100, len(DATA)), ("draw",)]
 
 
 def test_cli_refuses_noise_off_without_flag_and_ships_valid_configs(tmp_path):
@@ -127,7 +180,7 @@ def test_cli_refuses_noise_off_without_flag_and_ships_valid_configs(tmp_path):
     configs = Path(__file__).resolve().parent.parent / "configs"
     for name in ("audit_tiny.yaml", "audit_smollm2.yaml"):
         job = load_config(configs / name, AuditJobConfig)
-        assert job.train.epsilon == 4.0 and job.audit.noise == "calibrated"
+        assert job.train.epsilon == 4.0 and job.audit.noise == "calibrated" and job.audit.canaries >= 1000
     (tmp_path / "d.csv").write_text("text\n" + "".join(f"row {i}\n" for i in range(30)), encoding="utf-8")
     (tmp_path / "a.yaml").write_text(
         f"data: {{path: {tmp_path / 'd.csv'}, text_column: text}}\n"

@@ -93,7 +93,7 @@ def test_pipeline_reads_data_next_to_its_config_from_another_cwd(tmp_path, monke
     cfg = _write(project / "wasp.yaml", {
         "method": "wasp", "output_dir": str(project / "run"),
         "data": {"source": "file", "path": "corpus.csv", "text_col": "text", "label_col": "label",
-                 "classes": ["a", "b"], "num_private": 10, "num_test": 0},
+                 "classes": ["a", "b"], "num_private": 10, "sample_fraction": 0.25, "num_test": 0},
         "plms": [{"model": "tiny-llama", "name": "t", "backend": "hf"}], "iterations": 1, "num_synthetic": 4})
     monkeypatch.chdir(elsewhere)
     code = cli_command().main(args=["run", "wasp", "--config", str(cfg),

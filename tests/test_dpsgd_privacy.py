@@ -154,6 +154,19 @@ def test_sampling_rate_and_delta_come_from_the_public_size_of_a_secret_subsample
     assert plan(30).sampling_rate != plan(31).sampling_rate  # the old behaviour: q = B / drawn size
 
 
+def test_only_the_public_working_set_size_is_published(tmp_path):
+    """A secret subsample's drawn size is private: the adapter's dp_training.json and the ledger entry
+    state the public size m (``public_num_units``), never the number of rows drawn."""
+    from dpsynth_core.privacy import PrivacyLedger
+
+    ledger = PrivacyLedger.create(tmp_path, dataset="d", epsilon_budget=2.0, delta=9e-3)
+    result = train_dp_lora(EXAMPLES[:29], _cfg(steps=1, public_num_units=32), output_dir=tmp_path / "out",
+                           ledger=ledger, progress=False)
+    summary = json.loads((result.adapter_dir / "dp_training.json").read_text())
+    (entry,) = ledger.entries()
+    assert summary["n_units"] == entry.details["n_units"] == 32  # not 29
+
+
 def test_dpsynth_train_writes_a_release_without_the_owner_only_curve(tmp_path):
     import pandas as pd
     import yaml

@@ -51,6 +51,7 @@ def test_two_workers_crash_resume_match_one_worker_and_leak_nothing(ray_session,
 
     files = [f for f in (out / RAY_STORAGE_DIRNAME).rglob("*") if f.is_file()]
     assert any(f.name == "train_state.json" for f in files)  # the checkpoint: private state, for the resume
+    assert (out / RAY_STORAGE_DIRNAME).stat().st_mode & 0o777 == 0o700  # the seed's folder: owner only
     runs = ray_session.get(get_state_actor().get_train_runs.remote())
     ray_state = json.dumps([r.model_dump(mode="json") for r in runs.values()], default=str)
     assert "train_loop_config" in ray_state and source.path in ray_state  # the public spec is there

@@ -189,6 +189,27 @@ def test_classes_are_required_not_read_from_private_counts(tmp_path):
     assert cfg.data.classes == ["neuroscience", "microbiology"]
 
 
+def test_errors_about_the_private_file_name_no_class_and_no_count(tmp_path):
+    """A class absent from the private file, or one with too few rows for the held-out split, is an
+    error naming the file and column: not the class (its absence is a fact about the private file)
+    and not a count."""
+    import pandas as pd
+
+    from dpsynth_core.errors import DataError
+    from dpsynth_core.pe.config import PEConfig
+    from dpsynth_core.pe.data_split import split_data
+
+    path = tmp_path / "private.csv"
+    pd.DataFrame({"text": [f"record {i}" for i in range(9)], "label": ["cats"] * 7 + ["dogs"] * 2}).to_csv(path, index=False)
+    for classes, num_test in ((["cats", "owls"], 2), (["cats", "dogs"], 4)):  # owls: none; dogs: 2 held out of 2
+        cfg = PEConfig(method="wasp", data={"source": "file", "path": str(path), "text_col": "text", "label_col": "label",
+                                            "classes": classes, "num_test": num_test, "num_private": 4})
+        with pytest.raises(DataError, match=r"private.csv: column 'label': a (name in data.classes has no row|"
+                                            r"class of data.classes has too few rows)") as err:
+            split_data(cfg)
+        assert not any(word in str(err.value) for word in ("owls", "dogs", "cats", " 2 ", " 7 ", " 0 "))
+
+
 def test_delta_must_be_below_one_over_the_private_set_size(tmp_path):
     """An explicit delta >= 1/num_private is refused naming the field; the default is the paper's 1e-5
     (old code: 1/(M ln M) = 2.2e-3 at M = 100); the small-M rule is an option and uses the public
@@ -196,8 +217,6 @@ def test_delta_must_be_below_one_over_the_private_set_size(tmp_path):
     from dpsynth_core.errors import ConfigError
     from dpsynth_core.pe.config import PEConfig
     from dpsynth_core.pe.pipeline import open_ledger
-    from dpsynth_core.privacy import default_delta
-
     data = {"source": "biorxiv", "classes": ["neuroscience", "microbiology"], "num_private": 12}
     with pytest.raises(ConfigError, match=r"field 'delta'.*not below 1/n"):
         open_ledger(PEConfig(method="wasp", data=data, delta=0.1), tmp_path / "a")
@@ -205,4 +224,4 @@ def test_delta_must_be_below_one_over_the_private_set_size(tmp_path):
     assert open_ledger(PEConfig(method="wasp", data=data), tmp_path / "b").delta == 1e-5
     (tmp_path / "c").mkdir()
     rule = PEConfig(method="wasp", data=data, delta="1/(M ln M)")
-    assert open_ledger(rule, tmp_path / "c").delta == pytest.approx(default_delta(12))
+    assert open_ledger(rule, tmp_path / "c").delta == pytest.approx(1 / (12 * math.log(12)))

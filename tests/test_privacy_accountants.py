@@ -228,9 +228,14 @@ def test_zcdp_reference_point():
     assert 4.0 < eps < rho + 2 * math.sqrt(rho * math.log(1 / DELTA))
 
 
-def test_default_delta():
-    assert default_delta(1500) == pytest.approx(1 / (1500 * math.log(1500)))
-    assert default_delta(1500) < 1 / 1500
+def test_default_delta_keeps_m_times_delta_small():
+    """min(1e-5, m^-1.1): m * delta stays below 1e-5 * m and below m^-0.1 (the old 1/(m ln m) left
+    m * delta = 1/ln m: 0.14 at m = 1,500)."""
+    assert default_delta(1500) == 1e-5 and default_delta(32) == 1e-5
+    assert default_delta(100_000) == pytest.approx(100_000 ** -1.1) and 100_000 ** -1.1 < 1e-5
+    for m in (2, 32, 300, 1500, 35_000, 10**6):
+        assert m * default_delta(m) <= min(1e-5 * m, m ** -0.1) * (1 + 1e-12)
+    assert 1000 * default_delta(1000) == pytest.approx(0.01) and 1 / math.log(1000) > 0.14  # the old m * delta
     with pytest.raises(ConfigError):
         default_delta(1)
 

@@ -92,7 +92,7 @@ def _actg_split(path: str):
     from dpsynth_core.actg.data_split import load_private_split
     from dpsynth_core.actg.pipeline import ActgConfig
 
-    cfg = ActgConfig(data={"path": path, "n_records": 40, "n_eval": 20})
+    cfg = ActgConfig(data={"path": path, "n_records": 40, "n_eval": 20, "sample_fraction": 40 / 180})
     private, held, _ = load_private_split(cfg)
     return list(private["abstract"]), list(held["abstract"])
 
@@ -102,7 +102,7 @@ def _pe_split(path: str):
     from dpsynth_core.pe.data_split import split_data
 
     cfg = PEConfig(method="wasp", data={"source": "file", "path": path, "classes": ["neuro", "micro", "bio"],
-                                        "num_private": 40, "num_test": 21})
+                                        "num_private": 40, "sample_fraction": 40 / 179, "num_test": 21})
     private, test_texts, _, _ = split_data(cfg)
     return list(private.texts), test_texts
 

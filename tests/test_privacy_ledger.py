@@ -195,7 +195,7 @@ def test_post_processing_only_costs_nothing(tmp_path):
     ledger = PrivacyLedger.create(tmp_path, "adult", 1.0, default_delta(30000))
     assert ledger.record("eval", PostProcessingEvent()) == 0.0
     assert ledger.remaining_epsilon() == 1.0
-    assert math.isclose(ledger.delta, 1 / (30000 * math.log(30000)))
+    assert math.isclose(ledger.delta, min(1e-5, 30000 ** -1.1))
 
 
 def test_mark_not_private_is_permanent_and_shown_with_every_total(tmp_path):
@@ -303,3 +303,23 @@ def test_reservation_of_a_dead_process_is_cleared(tmp_path):
         ledger.record("local", GaussianEvent(noise_multiplier=3.0))
     with sqlite3.connect(run / LEDGER_FILE) as conn:  # both stale rows were deleted by the reservation
         assert conn.execute("SELECT COUNT(*) FROM reservations").fetchone() == (0,)
+
+
+def test_ledger_show_and_the_release_state_m_times_delta_with_the_public_size(tmp_path):
+    """The public working-set size m (what the config declares, never a drawn or file count) is kept
+    with the ledger; `dpsynth ledger show` and the release manifest state m * delta next to delta."""
+    from typer.testing import CliRunner
+
+    from dpsynth_core.cli.main import _app
+    from dpsynth_core.release import write_release
+
+    ledger = PrivacyLedger.create(tmp_path, "d", 4.0, default_delta(300), public_size=300)
+    ledger.record("votes", GaussianEvent(noise_multiplier=3.0))
+    assert ledger.public_size == 300 and ledger.to_dict()["m_times_delta"] == pytest.approx(300 * 1e-5)
+    shown = CliRunner().invoke(_app, ["ledger", "show", str(tmp_path)])
+    assert shown.exit_code == 0 and "m * delta = 0.003 (m = 300, the public working-set size" in shown.output
+    (tmp_path / "out.txt").write_text("x")
+    write_release(tmp_path, {"out.txt": tmp_path / "out.txt"}, ledger=ledger, method="test")
+    manifest = json.loads((tmp_path / "release" / "MANIFEST.json").read_text())
+    assert manifest["public_size"] == 300 and manifest["m_times_delta"] == pytest.approx(0.003)
+    assert PrivacyLedger.create(tmp_path / "old", "d", 4.0, 1e-5).public_size is None  # made without one

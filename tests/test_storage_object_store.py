@@ -163,6 +163,29 @@ def test_a_stale_mirror_never_overwrites_newer_ledger_charges(s3):
     assert not (c / "checkpoints" / "state.pt").exists()
 
 
+def test_owner_only_state_and_seed_bearing_checkpoints_never_reach_the_bucket(s3):
+    """DPFairLLM's drawn row indices (owner_only/) and DP-SGD checkpoints (the secret sampling seed:
+    a stage's checkpoint/, Ray Train's ray_train/) stay in the local mirror; outputs are uploaded."""
+    from dpsynth_core.storage_sync import RunMirror
+
+    bucket, keys = s3
+    uri = f"s3://{bucket}/runs/secrets"
+    local = Path(os.environ[MIRROR_ENV_VAR]) / "s3" / bucket / "runs" / "secrets"
+    secrets = ["owner_only/private_subset.json", "generator/checkpoint/train_state.json", "checkpoint/optimizer.pt",
+               "generator/ray_train/run/checkpoint_step_0000002/train_state.json"]
+    for rel in secrets + ["synthetic.jsonl", "generator/adapter/adapter_model.safetensors"]:
+        (local / rel).parent.mkdir(parents=True, exist_ok=True)
+        (local / rel).write_text("secret seed 123" if rel in secrets else "output")
+    RunMirror(uri, local).push()
+    stored = keys("runs/secrets")
+    assert {"runs/secrets/synthetic.jsonl", "runs/secrets/generator/adapter/adapter_model.safetensors"} <= set(stored)
+    assert not any("owner_only" in k or "checkpoint" in k or "ray_train" in k for k in stored)
+    assert not any(b"secret seed" in v for v in stored.values())
+    elsewhere = Path(os.environ[MIRROR_ENV_VAR]) / "elsewhere"
+    RunMirror(uri, elsewhere).pull()
+    assert (elsewhere / "synthetic.jsonl").is_file() and not (elsewhere / "owner_only").exists()
+
+
 def _wasp_config(tmp_path: Path, run_dir: str) -> Path:
     cfg = {
         "method": "wasp", "run_dir": run_dir,

@@ -20,7 +20,10 @@ or ``direct_prompt`` (the base model prompted with the eval-pool rows; ``generat
   test on the held-out real texts' oracle labels: macro-F1, accuracy, majority baseline.
 
 Reads held-out real texts: outside the DP guarantee, like any utility benchmark; only aggregates
-are written.
+are written. The metrics computed from DP outputs and public models alone (IFAcc by the reward,
+synthetic-text statistics, RL rewards: what a DP sweep ranks by, ``tuning_metrics``) are written to
+``metrics.json`` first, before any held-out row is read, so a failure of the owner-side part
+cannot change them.
 """
 
 from __future__ import annotations
@@ -72,19 +75,27 @@ def cross_fitted_reading(real_texts, real_rows, schema, folds: int = 5) -> list[
     return read
 
 
+def private_free_metrics(texts, targets, reward) -> dict:
+    """One system's metrics from its texts, their synthetic attribute rows and the public reward only."""
+    from dpsynth_core.actg import text_eval
+
+    m: dict[str, Any] = {"n_texts": len(texts), "stats": text_eval.text_stats(texts)}
+    if targets is not None and reward is not None:
+        m["ifacc_reward"] = text_eval.ifacc_summary(reward.ifacc(texts, targets))["mean"]
+    return m
+
+
 def system_metrics(texts, targets, *, real_texts, real_rows, judge, reward, emb, cats, fields, label_field,
-                   mauve: bool, classifier: bool, real_read=None) -> dict:
+                   mauve: bool, classifier: bool, real_read=None, private_free: dict | None = None) -> dict:
     """Every metric of one system's texts (``targets``: the attribute rows they were asked for)."""
     from dpsynth_core.actg import text_eval
     from dpsynth_core.actg.extractors import ifacc_scores
 
-    m: dict[str, Any] = {"n_texts": len(texts), "stats": text_eval.text_stats(texts)}
+    m = dict(private_free) if private_free is not None else private_free_metrics(texts, targets, reward)
     judged = judge.extract(texts) if judge is not None else None
-    if targets is not None:
-        if judged is not None:
-            m["ifacc_judge"] = text_eval.ifacc_summary(ifacc_scores(judged, targets, fields))["mean"]
-            m["ifacc_judge_per_field"] = text_eval.per_field_accuracy(judged, targets, fields)["per_field"]
-        m["ifacc_reward"] = text_eval.ifacc_summary(reward.ifacc(texts, targets))["mean"]
+    if targets is not None and judged is not None:
+        m["ifacc_judge"] = text_eval.ifacc_summary(ifacc_scores(judged, targets, fields))["mean"]
+        m["ifacc_judge_per_field"] = text_eval.per_field_accuracy(judged, targets, fields)["per_field"]
     if judged is not None and real_rows is not None:
         m["djs_text"] = djs(real_rows, judged, cats)
     if judged is not None and real_read is not None:
@@ -137,18 +148,48 @@ def evaluate_run(cfg, root: str) -> dict:
 
 
 def _evaluate_run(cfg, root: str) -> dict:
-    from dpsynth_core.actg.data_split import load_private_split
     from dpsynth_core.actg.extractors import build_extractor
     from dpsynth_core.actg.pipeline import RunDir, _schema, _threads, read_jsonl
-    from dpsynth_core.actg.supervised import SupervisedExtractor, columns_attributes
     from dpsynth_core.files import atomic_write_text
-    from dpsynth_core.models import load_embedder
     from dpsynth_core.privacy import PrivacyLedger
 
     _threads(cfg)
     rd = RunDir(Path(root))
-    ev = cfg.evaluation
     schema = _schema(cfg, rd.root)
+    reward = build_extractor(cfg.reward_config(rd.root), schema) if cfg.mode == "actg" else None
+    synth = read_jsonl(rd.synthetic)
+    systems = system_texts(cfg, rd)
+    # first from DP outputs and the public reward only (what a DP sweep ranks by); then held-out rows
+    m: dict[str, Any] = {"mode": cfg.mode, "name": cfg.name,
+                         "reward": (cfg.reward or cfg.extractor).kind if reward else None,
+                         "note": "evaluation uses held-out real texts; it is outside the DP guarantee"}
+    m["systems"] = {name: private_free_metrics(texts, targets, reward) for name, (texts, targets) in systems.items()}
+    if cfg.main_system == "actg_arl":
+        in_pool = [r for r in synth if r.get("pool") == "rl"]
+        bon = rd.summary("best_of_n")
+        m["ifacc"] = {"plain_sampling": m["systems"]["actg"]["ifacc_reward"], "best_of_n": bon["best_of_n_ifacc"],
+                      "best_of_n_plain": bon["plain_ifacc"], "best_of_n_n": bon["n"],
+                      "after_rl": m["systems"]["actg_arl"]["ifacc_reward"],
+                      "after_rl_on_rl_prompts_reward": float(np.mean(reward.ifacc(
+                          [r["text"] for r in in_pool], [r["attributes"] for r in in_pool]))) if in_pool else None,
+                      "graded_on": "eval pool (rows no Best-of-N or RL step saw)"}
+        m["anchored_rl"] = {k: v for k, v in rd.summary("anchored_rl").items() if k not in ("stage", "adapter_dir")}
+    m["synthetic_stats"] = m["systems"][cfg.main_system]["stats"]
+    m["ledger"] = PrivacyLedger.open(rd.root).to_dict()
+    m["not_private"] = not m["ledger"]["private"]  # epsilon = inf reference runs and test-only knobs
+    atomic_write_text(rd.metrics, json.dumps(m, indent=2, default=str))
+    m = _owner_side_metrics(cfg, rd, schema, reward, synth, systems, m)
+    atomic_write_text(rd.metrics, json.dumps(m, indent=2, default=str))
+    return {"mauve": m["mauve"].get("mauve"), "ifacc_after_rl_judge": m.get("ifacc", {}).get("after_rl_judge")}
+
+
+def _owner_side_metrics(cfg, rd, schema, reward, synth, systems, m: dict) -> dict:
+    """Everything that reads the held-out real texts (owner-side, not DP)."""
+    from dpsynth_core.actg.data_split import load_private_split
+    from dpsynth_core.actg.supervised import SupervisedExtractor, columns_attributes
+    from dpsynth_core.models import load_embedder
+
+    ev = cfg.evaluation
     fields, cats = schema.field_names, schema.categories()
     held = load_private_split(cfg).held_out
     real_texts = [str(t)[: cfg.data.max_chars] for t in held[cfg.data.text_col]]
@@ -158,45 +199,28 @@ def _evaluate_run(cfg, root: str) -> dict:
     if ev.judge == "tfidf" and labeled:
         judge = SupervisedExtractor.fit(real_texts, real_rows, schema, features="tfidf")
         real_read = cross_fitted_reading(real_texts, real_rows, schema)
-    reward = build_extractor(cfg.reward_config(rd.root), schema) if cfg.mode == "actg" else None
     emb = CachedEmbedder(load_embedder(ev.embedder))
     common = dict(real_texts=real_texts, real_rows=real_rows, judge=judge, reward=reward, emb=emb, cats=cats,
                   fields=fields, label_field=ev.label_field, mauve=ev.mauve, classifier=ev.classifier,
                   real_read=real_read)
-    m: dict[str, Any] = {"mode": cfg.mode, "name": cfg.name, "n_real_eval": len(real_texts),
-                         "judge": "tfidf classifier on held-out labeled real texts" if judge else None,
-                         "reward": (cfg.reward or cfg.extractor).kind if reward else None,
-                         "note": "evaluation uses held-out real texts; it is outside the DP guarantee"}
+    m = {**m, "n_real_eval": len(real_texts),
+         "judge": "tfidf classifier on held-out labeled real texts" if judge else None}
     m["real_stats"] = _text_stats(real_texts)
-    synth = read_jsonl(rd.synthetic)
-    m["systems"] = {name: system_metrics(texts, targets, **common)
-                    for name, (texts, targets) in system_texts(cfg, rd).items()}
+    m["systems"] = {name: system_metrics(texts, targets, private_free=m["systems"][name], **common)
+                    for name, (texts, targets) in systems.items()}
     if cfg.main_system == "direct_prompt":
         m["features"] = _features_summary(rd)
     elif cfg.mode == "actg":
-        in_pool = [r for r in synth if r.get("pool") == "rl"]
-        bon = rd.summary("best_of_n")
-        m["ifacc"] = {"plain_sampling": m["systems"]["actg"]["ifacc_reward"], "best_of_n": bon["best_of_n_ifacc"],
-                      "best_of_n_plain": bon["plain_ifacc"], "best_of_n_n": bon["n"],
-                      "after_rl": m["systems"]["actg_arl"]["ifacc_reward"],
-                      "after_rl_judge": m["systems"]["actg_arl"].get("ifacc_judge"),
-                      "plain_judge": m["systems"]["actg"].get("ifacc_judge"),
-                      "after_rl_on_rl_prompts_reward": float(np.mean(reward.ifacc(
-                          [r["text"] for r in in_pool], [r["attributes"] for r in in_pool]))) if in_pool else None,
-                      "graded_on": "eval pool (rows no Best-of-N or RL step saw)"}
+        m["ifacc"] = {**m["ifacc"], "after_rl_judge": m["systems"]["actg_arl"].get("ifacc_judge"),
+                      "plain_judge": m["systems"]["actg"].get("ifacc_judge")}
         if real_rows is not None:  # how good each grader is, on labeled real texts it was not trained on
             m["reward_agreement_on_heldout_real"] = _agreement(reward, real_texts, real_rows, fields)
         m["features"] = _features_summary(rd)
-        m["anchored_rl"] = {k: v for k, v in rd.summary("anchored_rl").items() if k not in ("stage", "adapter_dir")}
     main = m["systems"][cfg.main_system]
     m["mauve"] = main.get("mauve", {})
-    m["synthetic_stats"] = main["stats"]
     m["dp_generator"] = {k: v for k, v in rd.summary("dp_generator").items() if k not in ("stage", "adapter_dir")}
-    m["ledger"] = PrivacyLedger.open(rd.root).to_dict()
-    m["not_private"] = not m["ledger"]["private"]  # epsilon = inf reference runs and test-only knobs
     m["plots"] = _plots(cfg, rd, real_texts, [r["text"] for r in synth], m)
-    atomic_write_text(rd.metrics, json.dumps(m, indent=2, default=str))
-    return {"mauve": m["mauve"].get("mauve"), "ifacc_after_rl_judge": m.get("ifacc", {}).get("after_rl_judge")}
+    return m
 
 
 def _features_summary(rd) -> dict:

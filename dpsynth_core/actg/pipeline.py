@@ -7,7 +7,7 @@
 Stages (``mode: actg``)::
 
     schema        copy the public schema                                     (no data)
-    reward_model  supervised reward: fit on the PUBLIC labeled rows only -> reward_model/ (not private data)
+    reward_model  supervised reward: fit on data.public_path's rows only -> reward_model/ (not private data)
     private       load the private records; extract attributes (in memory only);
                     features      AIM synthetic attribute table under eps1  -> features.csv
                     dp_generator  DP-SGD LoRA on (attribute prompt -> text) under eps2 -> generator/
@@ -47,14 +47,15 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from dpsynth_core.actg.anchored_rl import AnchoredRLConfig
-from dpsynth_core.actg.data_split import load_private_split
+from dpsynth_core.actg.data_split import DataSettings, load_private_split
 from dpsynth_core.actg.extractors import ExtractorConfig
 from dpsynth_core.actg.generator import GenerationSettings
 from dpsynth_core.actg.stages_post import (stage_anchored_rl, stage_best_of_n, stage_generate, stage_reward_model,
                                            stage_synthesize)
-from dpsynth_core.config import OUTPUT_ROWS_CAP, RECORDS_CAP, TEXT_CHARS_CAP, THREADS_CAP, StrictConfig, cap, load_config
+from dpsynth_core.config import OUTPUT_ROWS_CAP, THREADS_CAP, StrictConfig, cap, load_config
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.files import atomic_write_text
+from dpsynth_core.privacy.randomness import refuse_test_only_knobs
 from dpsynth_core.release import release_dir
 from dpsynth_core.resources import PipelineResources
 from dpsynth_core.run_lock import locked_run
@@ -70,26 +71,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # ---------------------------------------------------------------------------------------------
 # config
 # ---------------------------------------------------------------------------------------------
-class DataSettings(StrictConfig):
-    """The private corpus. ``path: null`` = the bioRxiv set from ``data_dir()``."""
-
-    path: Path | None = None
-    text_col: str = "abstract"
-    label_col: str | None = "category"  # null: a corpus without labels (ACTG's attributes come from the schema)
-    n_records: Annotated[int, RECORDS_CAP] = Field(300, ge=4)     # expected private records: secret Bernoulli sample of the pool
-    n_eval: Annotated[int, cap(100_000, 'held-out texts embedded for evaluation')] = Field(200, ge=2)        # held-out real texts for evaluation (owner-side, disjoint)
-    max_chars: Annotated[int, TEXT_CHARS_CAP] = Field(1500, ge=50)   # training targets are cut here (the model sees max_seq_len anyway)
-    seed: int = 0                         # held-out split only (public); never the private selection
-    n_public: Annotated[int, RECORDS_CAP] = Field(0, ge=0)        # rows the owner declares public and labeled: train the supervised reward
-    text_description: str = "bioRxiv preprint abstract"
-
-
 class PrivacySettings(StrictConfig):
     """Total budget and its split. ``features_share`` of epsilon goes to AIM (eps1), the rest to
     the DP generator (eps2); the vanilla ablation gives the whole epsilon to its generator."""
 
     epsilon: float = Field(4.0, gt=0)  # .inf: a non-private reference run, only with not_private: true
-    delta: float | None = Field(None, gt=0, lt=1)   # default 1 / (n ln n)
+    delta: float | None = Field(None, gt=0, lt=1)   # default min(1e-5, m^-1.1), m = data.n_records
     features_share: float = Field(0.5, gt=0, lt=1)
 
 
@@ -158,6 +145,7 @@ class ActgConfig(StrictConfig):
             if key in value:
                 raise ValueError(f"'{key}' comes from the 'privacy' section, not from 'generator'")
         DpSgdConfig.model_validate({**value, "epsilon": 1.0})  # same field errors as DpSgdConfig
+        refuse_test_only_knobs("generator", value)
         return value
 
     @field_validator("features")
@@ -167,6 +155,7 @@ class ActgConfig(StrictConfig):
             for key in ("epsilon", "delta"):
                 if key in value.lm:
                     raise ValueError(f"features.lm: '{key}' comes from the 'privacy' section")
+        refuse_test_only_knobs("features.lm", value.lm)
         return value
 
     @model_validator(mode="after")
@@ -188,9 +177,10 @@ class ActgConfig(StrictConfig):
         reward = self.reward or self.extractor
         if self.mode == "actg" and reward.kind == "columns":
             raise ValueError("reward: 'columns' cannot score a synthetic text; set a text extractor "
-                             "(e.g. {kind: supervised} with data.n_public > 0)")
-        if self.mode == "actg" and reward.kind == "supervised" and self.data.n_public < 2:
-            raise ValueError("reward kind 'supervised' is trained on public labeled rows: set data.n_public >= 2")
+                             "(e.g. {kind: supervised} with data.public_path)")
+        if self.mode == "actg" and reward.kind == "supervised" and self.data.public_path is None:
+            raise ValueError("reward kind 'supervised' is trained on public labeled rows: set data.public_path "
+                             "(a file declared public, disjoint from data.path)")
         if self.mode == "actg" and self.features.n_synthetic < 3:
             raise ValueError("features.n_synthetic: ACTG needs >= 3 rows (disjoint anchor / rl / eval pools)")
         if self.features.anchor_share + self.features.rl_share >= 1:
@@ -331,7 +321,7 @@ def prepare_run_dir(cfg: ActgConfig, resume: bool) -> Path:
 
 
 def open_or_create_ledger(cfg: ActgConfig, root: Path):
-    """delta: 1/(m ln m) for the configured (public) m = data.n_records by default; an explicit
+    """delta: min(1e-5, m^-1.1) for the configured (public) m = data.n_records by default; an explicit
     privacy.delta must be below 1/m (never computed from the drawn set's size, which is private)."""
     from dpsynth_core.privacy import PrivacyLedger, check_delta_for_size, default_delta
 
@@ -343,7 +333,7 @@ def open_or_create_ledger(cfg: ActgConfig, root: Path):
     m = cfg.data.n_records
     delta = check_delta_for_size(cfg.privacy.delta, m, "privacy.delta") if cfg.privacy.delta else default_delta(m)
     budget = REFERENCE_LEDGER_BUDGET if cfg.is_reference else cfg.privacy.epsilon
-    ledger = PrivacyLedger.create(root, dataset=cfg.name, epsilon_budget=budget, delta=delta)
+    ledger = PrivacyLedger.create(root, dataset=cfg.name, epsilon_budget=budget, delta=delta, public_size=m)
     mark_reference_run(ledger, "actg.reference", cfg.privacy.epsilon)  # before any stage reads private data
     return ledger
 
@@ -360,13 +350,16 @@ def run_pipeline(cfg: ActgConfig, *, resume: bool = True, runner: Runner = local
         rd = RunDir(root)
         if rd.done(name):
             continue
+        if name == "evaluate":  # the release needs no evaluation; a DP sweep's trial is ranked with it in place
+            _write_release(cfg, rd)
         t0 = time.perf_counter()
         fn = STAGE_FUNCTIONS[name]
         summary = runner(fn, cfg, str(root), isolated=(name == "anchored_rl"))
         RunDir(root).mark(name, {"seconds": round(time.perf_counter() - t0, 2), **(summary or {})})
         if cfg.stop_after_stage == name:
             raise StageInterrupted(f"stopped after stage '{name}' (stop_after_stage)")
-    _write_release(cfg, RunDir(root))
+    if not release_dir(root).is_dir():
+        _write_release(cfg, RunDir(root))
     return root
 
 

@@ -1,7 +1,7 @@
 """ACTG stages after the DP outputs exist: reward model, generate, Best-of-N, Anchored RL, synthesize.
 
-None of them reads a private record. ``reward_model`` reads only the public labeled rows
-(``data.n_public``); the others read DP outputs (features.csv, the DP adapter) and their own
+None of them reads a private record. ``reward_model`` reads only the declared-public labeled
+file (``data.public_path``); the others read DP outputs (features.csv, the DP adapter) and their own
 post-processed files. Each takes ``(config, run_dir)`` and returns a small JSON summary.
 The synthetic rows are split into disjoint pools (:mod:`dpsynth_core.actg.pools`): anchor rows
 feed Best-of-N, rl rows are the RL prompts, eval rows are only ever generated for evaluation.
@@ -46,25 +46,25 @@ def stage_reward_model(cfg, root: str) -> dict:
     texts = [t[: cfg.data.max_chars] for t in texts]
     SupervisedExtractor.fit(texts, rows, schema, features="embedding", embedder=reward.model or "minilm").save(
         rd.reward_model)
-    record_public_data_use(cfg, rd.root)
-    return {"kind": "supervised", "public_rows": cfg.data.n_public, "features": "embedding"}
+    record_public_data_use(cfg, rd.root, len(texts))
+    return {"kind": "supervised", "public_rows": len(texts), "features": "embedding"}
 
 
 PUBLIC_DATA_STAGE = "public_labeled_data"
 
 
-def record_public_data_use(cfg, root: Path) -> None:
-    """The ledger shows the public labeled rows as a zero-epsilon use (they are not in the private
-    pool, ``data_split.py``), so a reader of the ledger / release sees that public data was used."""
+def record_public_data_use(cfg, root: Path, rows: int) -> None:
+    """The ledger shows the public labeled file as a zero-epsilon use (no record of the private file,
+    ``data_split.py``), so a reader of the ledger / release sees that public data was used."""
     from dpsynth_core.privacy import PostProcessingEvent, PrivacyLedger
 
     ledger = PrivacyLedger.open(root)
     if any(e.stage == PUBLIC_DATA_STAGE for e in ledger.entries()):
         return
     ledger.record(PUBLIC_DATA_STAGE, PostProcessingEvent(), details={
-        "what": "public labeled rows (data.n_public) train the supervised reward; zero epsilon: declared public "
-                "by the owner and removed from the private pool (disjoint from it and from the held-out rows)",
-        "rows": cfg.data.n_public, "epsilon": 0.0, "used_by": "reward_model"})
+        "what": "a separate labeled file the owner declares public (data.public_path) trains the supervised reward; "
+                "zero epsilon: no record of the private file (data.path) is read, and the two files share none",
+        "rows": rows, "epsilon": 0.0, "used_by": "reward_model"})
 
 
 def stage_generate(cfg, root: str) -> dict:

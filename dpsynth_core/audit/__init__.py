@@ -5,6 +5,7 @@ import importlib
 # Lazy exports (PEP 562): the audit run imports torch; the CLI should not pay for it at start-up.
 _EXPORTS = {
     "bound_by_guesses": "bound", "epsilon_lower_bound": "bound", "one_run_p_value": "bound",
+    "largest_reachable_bound": "bound", "audit_status": "bound",
     "AuditSettings": "config", "AuditResult": "run", "run_dpsgd_audit": "run", "write_audit_report": "run",
 }
 __all__ = sorted(_EXPORTS)

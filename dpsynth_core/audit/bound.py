@@ -79,3 +79,17 @@ def bound_by_guesses(ranked_membership: np.ndarray, m: int, delta: float, confid
         rows.append({"guesses": 2 * k, "correct": correct,
                      "epsilon_lower_bound": epsilon_lower_bound(m, 2 * k, correct, delta, confidence)})
     return rows
+
+
+def largest_reachable_bound(m: int, r: int, delta: float, confidence: float = 0.95) -> float:
+    """The bound when all r guesses are right: no run of this audit can refute a larger epsilon.
+    An audit whose claimed epsilon is at or above it cannot fail, whatever the mechanism does."""
+    return epsilon_lower_bound(m, r, r, delta, confidence)
+
+
+def audit_status(lower_bound: float, claimed: float, reachable: float) -> str:
+    """``failed``: the claim is refuted; ``inconclusive``: the audit could never have refuted it
+    (the claimed epsilon is at or above the largest reachable bound); ``passed`` otherwise."""
+    if lower_bound > claimed:
+        return "failed"
+    return "inconclusive" if reachable <= claimed else "passed"

@@ -18,7 +18,8 @@ class AuditSettings(StrictConfig):
     would need a multiple-testing correction.
     """
 
-    canaries: int = Field(200, ge=4)
+    # m = 1,000 (250 + 250 guesses) can refute up to 5.09 at delta = 1e-5; m = 100 only up to 2.78
+    canaries: int = Field(1000, ge=4)
     canary_tokens: int = Field(8, ge=1)
     guesses_in: int | None = Field(None, ge=1)
     guesses_out: int | None = Field(None, ge=0)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpsynth_core.audit.bound import bound_by_guesses, epsilon_lower_bound
+from dpsynth_core.audit.bound import audit_status, bound_by_guesses, epsilon_lower_bound, largest_reachable_bound
 from dpsynth_core.audit.canaries import CanarySet, draw_canaries
 from dpsynth_core.audit.config import AuditSettings
 from dpsynth_core.dpsgd.config import DpSgdConfig, TrainExample
@@ -35,6 +35,7 @@ class AuditResult:
     correct: int
     epsilon_lower_bound: float
     claimed_epsilon: float
+    largest_reachable_bound: float  # all guesses right: a claim at or above it cannot be refuted
     delta: float
     confidence: float
     noise_multiplier: float
@@ -48,14 +49,23 @@ class AuditResult:
     curve: list[dict] = field(default_factory=list)
 
     @property
+    def status(self) -> str:
+        """``failed`` (claim refuted), ``passed``, or ``inconclusive`` (this audit could not have failed)."""
+        return audit_status(self.epsilon_lower_bound, self.claimed_epsilon, self.largest_reachable_bound)
+
+    @property
     def passed(self) -> bool:
-        """The claim survives: the measured lower bound does not exceed the claimed epsilon."""
-        return self.epsilon_lower_bound <= self.claimed_epsilon
+        return self.status == "passed"
 
     def to_summary(self) -> dict:
         out = {k: v for k, v in self.__dict__.items() if k not in ("scores_in", "scores_out", "curve")}
-        out["passed"] = self.passed
-        out["guesses_by_count"] = self.curve
+        out["status"] = self.status
+        out["false_alarm_rate"] = round(1.0 - self.confidence, 6)
+        out["reading"] = (
+            f"failed: the bound refutes the claimed epsilon; a mechanism that meets its claim is reported failed "
+            f"with probability at most {1 - self.confidence:.0%}. passed: not refuted (the audit is a lower bound). "
+            f"inconclusive: the claimed epsilon is at or above the largest bound this m and these guesses can "
+            f"reach ({self.largest_reachable_bound:.3f}), so the audit could not have failed; raise m")
         if not self.private:
             out["warning"] = "NOT PRIVATE: noise switched off (test-only mode); the claimed epsilon does not hold"
         return out
@@ -124,14 +134,17 @@ def run_dpsgd_audit(
     started = time.monotonic()
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
+    # q and sigma from the public size (records + m/2 expected canaries), fixed before any canary is
+    # drawn: the number included is secret, and the audited mechanism must not depend on it
+    public = config.model_copy(update={"public_num_units": len(examples) + settings.canaries // 2})
+    plan = plan_privacy(public, examples)
+    sigma = 0.0 if settings.noise == "off" else plan.noise_multiplier
     resolve_model_dir(config.model)  # cache the model first: the tokenizer then loads from it, not from a GGUF
     rng = secure_rng()
     canaries: CanarySet = draw_canaries(load_tokenizer(config.model), settings.canaries, settings.canary_tokens,
                                         examples, rng)
     training_set = list(examples) + canaries.members
-    plan = plan_privacy(config, training_set)  # sigma for config.epsilon on this very training set
-    sigma = 0.0 if settings.noise == "off" else plan.noise_multiplier
-    engine = DpSgdEngine(training_set, config, noise_multiplier=sigma, sampling_seed=secret_seed(62))
+    engine = DpSgdEngine(training_set, public, noise_multiplier=sigma, sampling_seed=secret_seed(62))
     before = _canary_losses(engine, canaries.examples)
     for _ in tqdm(range(config.steps), desc="audit dp-sgd", disable=not progress, dynamic_ncols=True):
         engine.train_step()
@@ -149,6 +162,7 @@ def run_dpsgd_audit(
         epsilon_lower_bound=epsilon_lower_bound(settings.canaries, k_in + k_out, correct, plan.delta,
                                                 settings.confidence),
         claimed_epsilon=plan.target_epsilon,
+        largest_reachable_bound=largest_reachable_bound(settings.canaries, k_in + k_out, plan.delta, settings.confidence),
         delta=plan.delta,
         confidence=settings.confidence,
         noise_multiplier=sigma,

@@ -59,13 +59,17 @@ def dpsgd(
     except ConfigError as exc:
         raise ConfigError(f"{config}: {exc}") from None
     summary, plot = write_audit_report(result, out or Path(job.output_dir))
-    verdict = "claim holds" if result.passed else "CLAIM REFUTED"
+    verdict = {"failed": "FAILED: the claim is refuted", "passed": "passed: the claim is not refuted",
+               "inconclusive": "INCONCLUSIVE: this audit could not have failed"}[result.status]
     typer.echo(
         f"epsilon lower bound {result.epsilon_lower_bound:.3f} ({result.confidence:.0%}) vs claimed "
         f"{result.claimed_epsilon:g} at delta {result.delta:.3g}: {verdict}; m={result.canaries}, "
-        f"{result.correct}/{result.guesses} guesses right, sigma={result.noise_multiplier:.4g}, "
-        f"{result.wall_seconds:.0f} s"
+        f"{result.correct}/{result.guesses} guesses right (all right would refute up to "
+        f"{result.largest_reachable_bound:.3f}), sigma={result.noise_multiplier:.4g}, {result.wall_seconds:.0f} s"
     )
+    typer.echo(f"false alarms: a mechanism that meets its claim is reported failed with probability at most "
+               f"{1 - result.confidence:.0%}" + ("" if result.status != "inconclusive" else
+                                                 "; raise --canaries so the largest reachable bound exceeds the claim"))
     if not result.private:
         typer.secho("NOT PRIVATE: noise was switched off (test-only mode)", fg="yellow")
     typer.echo(f"report: {summary}\nplot:   {plot}")

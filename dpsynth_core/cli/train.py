@@ -11,7 +11,7 @@ import importlib
 from pathlib import Path
 
 import typer
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from dpsynth_core.config import StrictConfig
 from dpsynth_core.dpsgd.config import DpSgdConfig
@@ -46,6 +46,14 @@ class TrainJobConfig(StrictConfig):
     output_dir: str = "runs/train"
     stage: str = "dpsgd"
     ledger: LedgerSpec = Field(default_factory=LedgerSpec)
+
+    @field_validator("train")
+    @classmethod
+    def _no_test_only_knobs(cls, value: DpSgdConfig) -> DpSgdConfig:
+        from dpsynth_core.privacy.randomness import refuse_test_only_knobs
+
+        refuse_test_only_knobs("train", value.model_dump())
+        return value
 
 
 def resolve_data_path(raw: str, config_path: Path) -> Path:
@@ -90,7 +98,8 @@ def open_ledger(job: TrainJobConfig, n_units: int):
     delta = job.train.delta if job.train.delta is not None else default_delta(max(n_units, 2))
     check_delta_for_size(delta, n_units, field="train.delta")  # before a ledger with a useless delta exists
     run_dir.mkdir(parents=True, exist_ok=True)
-    return PrivacyLedger.create(run_dir, job.ledger.dataset, job.ledger.epsilon_budget or job.train.epsilon, delta)
+    return PrivacyLedger.create(run_dir, job.ledger.dataset, job.ledger.epsilon_budget or job.train.epsilon, delta,
+                                public_size=job.train.public_num_units or n_units)
 
 
 @app.callback(invoke_without_command=True)

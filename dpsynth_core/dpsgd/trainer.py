@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from dpsynth_core.dpsgd.budget import PrivacyPlan, plan_privacy
+from dpsynth_core.dpsgd.budget import PrivacyPlan, plan_privacy, public_size
 from dpsynth_core.dpsgd.checkpoint import (
     TrainState,
     check_resumable,
@@ -143,13 +143,15 @@ def finalize_run(
 
     steps_run = state.step
     epsilon = plan.epsilon_after(steps_run)
+    # the public size m, never the count a secret subsample drew (``n_units`` of the plan is private)
+    n_public = public_size(config, plan.n_units)
     if ledger is not None:
         # Recorded before anything trained is written: an output never exists unaccounted.
         ledger.record(
             stage,
             plan.event(steps_run),
             details={"model": config.model, "clipping": config.clipping, "max_grad_norm": config.max_grad_norm,
-                     "user_level": plan.user_level, "n_units": plan.n_units, "num_workers": num_workers},
+                     "user_level": plan.user_level, "n_units": n_public, "num_workers": num_workers},
         )
     summary = {
         "base_model": config.model,
@@ -161,7 +163,7 @@ def finalize_run(
         "sampling_rate": plan.sampling_rate,
         "accountant": plan.accountant,
         "user_level": plan.user_level,
-        "n_units": plan.n_units,
+        "n_units": n_public,
         "num_workers": num_workers,
         "test_only_knobs": test_only_knobs(config),
         "config": config.model_dump(mode="json", exclude={"sampling_seed"}),

@@ -60,9 +60,11 @@ class PEDataConfig(StrictConfig):
     label_col: str = "category"
     # Required and public: choosing classes from label counts would read the private data.
     classes: list[str] | None = None
-    # M: expected size of the private working set, drawn from the file (minus the held-out rows) by
-    # secret Bernoulli sampling at rate M / pool size; the whole pool when it has <= M rows.
+    # M: the public expected size of the private working set (delta and what the ledger states)
     num_private: Annotated[int, RECORDS_CAP] = Field(100, ge=2)
+    # public share of the pool's rows drawn into the working set (secret Bernoulli draws); needed when
+    # a file has more rows than num_private (a rate num_private / rows would depend on the file's size)
+    sample_fraction: float | None = Field(None, gt=0, le=1)
     num_test: Annotated[int, cap(100_000, 'held-out texts embedded for evaluation')] = Field(250, ge=0)  # real held-out (owner-side evaluation), disjoint from the private pool
     max_chars: Annotated[int, TEXT_CHARS_CAP] = Field(1500, ge=50)
     seed: int = 0  # the held-out split only (public, content-keyed); the private set is drawn secretly

@@ -5,10 +5,11 @@
   the row itself with the public ``data.seed``). A row's key does not depend on other rows, so
   adding or removing one record moves at most one other row in or out of the private pool.
 * Private pool: every other row whose label is one of the public ``data.classes``.
-* Private working set: each pool row kept independently with probability ``num_private / pool
-  size``, from OS entropy (``bernoulli_subsample``). Poisson sampling never increases epsilon, so
-  the guarantee stated for the votes holds for the user's file (its pool), not only for a drawn
-  sample; a seeded permutation (public seed) would make neighbouring files give unrelated subsets.
+* Private working set (``randomness.working_set``): each pool row kept independently, from OS
+  entropy, with the public probability ``data.sample_fraction``; without one, the whole pool when
+  it has at most ``num_private`` rows, ``num_private / pool size`` on the bundled bioRxiv corpus,
+  and a refusal otherwise (docs/privacy.md). A seeded permutation (public seed) would make
+  neighbouring files give unrelated subsets.
 
 The size of the drawn set varies (about ``num_private``); it is not logged, and the ledger's delta
 uses the configured ``num_private`` (only the opt-in, non-DP ``private_only`` baseline reports it).
@@ -21,7 +22,7 @@ import numpy as np
 from dpsynth_core.errors import ConfigError, DataError
 from dpsynth_core.pe.config import PEConfig
 from dpsynth_core.pe.runner import PrivateData
-from dpsynth_core.privacy.randomness import bernoulli_subsample, content_rank_keys
+from dpsynth_core.privacy.randomness import content_rank_keys, working_set
 
 
 PARTY_COL = "__party__"
@@ -56,22 +57,25 @@ def split_data(cfg: PEConfig) -> tuple[PrivateData, list[str], list[str], list[s
     classes = list(d.classes)
     labels = frame[d.label_col].astype(str).to_numpy()
     raw_texts = frame[d.text_col].astype(str).to_numpy()
-    unknown = [c for c in classes if c not in set(labels)]
-    if unknown:
-        raise ConfigError(f"data.classes: {unknown} not found in column '{d.label_col}' of {where}")
+    if not set(classes) <= set(labels):  # which class, or how many rows, would describe the private file
+        raise DataError(f"{where}: column '{d.label_col}': a name in data.classes has no row (names and counts "
+                        "are not shown: they describe the private file)")
 
     keys = content_rank_keys([f"{y}\x00{t}" for y, t in zip(labels, raw_texts)], d.seed)
     per_test = np.bincount(np.arange(d.num_test) % len(classes), minlength=len(classes))
     test_idx: list[int] = []
     for c, n in zip(classes, per_test):
         rows = np.flatnonzero(labels == c)
-        if len(rows) <= n:  # the pool must keep rows of every class; no count in the message
-            raise DataError(f"{where}: class '{c}' has too few rows for its share of data.num_test")
+        if len(rows) <= n:  # the pool must keep rows of every class; neither the class nor a count in the message
+            raise DataError(f"{where}: column '{d.label_col}': a class of data.classes has too few rows for its share "
+                            "of data.num_test plus one private row (names and counts are not shown: they describe "
+                            "the private file)")
         test_idx += rows[np.argsort(keys[rows], kind="stable")[:n]].tolist()
     in_pool = np.isin(labels, classes)
     in_pool[test_idx] = False
     pool = np.flatnonzero(in_pool)
-    chosen = pool[bernoulli_subsample(len(pool), d.num_private)]
+    chosen = pool[working_set(len(pool), d.num_private, d.sample_fraction, public_corpus=d.source == "biorxiv",
+                              field="data.num_private")]
 
     texts = [t[: d.max_chars] for t in raw_texts]
     parties = frame[PARTY_COL].to_numpy()[chosen].tolist() if PARTY_COL in frame.columns else None

@@ -40,6 +40,7 @@ import math
 import numpy as np
 
 from dpsynth_core.errors import ConfigError
+from dpsynth_core.privacy.gaussian_histogram import noisy_histogram
 
 
 def topq_weights(q: int) -> np.ndarray:
@@ -88,8 +89,7 @@ class GaussianMechanism:
 
     def privatize(self, histogram: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """One release: histogram + Gaussian noise (float64 array, same shape)."""
-        h = np.asarray(histogram, dtype=np.float64)
-        return h + rng.normal(0.0, self.sigma, size=h.shape)
+        return noisy_histogram(histogram, self.sigma, rng, integer_counts=False)  # weighted votes: not integers
 
 
 class NoiselessMechanism:
@@ -123,8 +123,7 @@ class FederatedGaussianMechanism(GaussianMechanism):
 
     def party_release(self, partial: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """What one party sends: its own histogram plus its share of the noise."""
-        h = np.asarray(partial, dtype=np.float64)
-        return h + rng.normal(0.0, self.party_sigma, size=h.shape)
+        return noisy_histogram(partial, self.party_sigma, rng, integer_counts=False)
 
     def aggregate(self, partials: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
         """Sum of every party's noisy release (noise std of the sum: sigma)."""

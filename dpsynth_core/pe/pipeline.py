@@ -50,11 +50,13 @@ def resolve_delta(cfg: PEConfig) -> float:
     """The run's delta: the configured value (the paper's 1e-5 by default), or 1/(M ln M) for the
     configured (public) M = data.num_private -- never the drawn set's size, which is private.
     Either must be below 1/M."""
-    from dpsynth_core.privacy import check_delta_for_size, default_delta
+    import math
+
+    from dpsynth_core.privacy import check_delta_for_size
 
     m = cfg.data.num_private
-    if cfg.delta == "1/(M ln M)":
-        return default_delta(m)
+    if cfg.delta == "1/(M ln M)":  # the small-M rule, by name (m * delta = 1/ln M: a weak guarantee)
+        return 1.0 / (m * math.log(m))
     return check_delta_for_size(cfg.delta, m, "delta")
 
 
@@ -70,7 +72,8 @@ def open_ledger(cfg: PEConfig, run_dir: Path):
     if (run_dir / LEDGER_FILE).is_file():
         return PrivacyLedger.open(run_dir)
     budget = REFERENCE_LEDGER_BUDGET if cfg.is_reference else cfg.epsilon
-    ledger = PrivacyLedger.create(run_dir, cfg.dataset_name, epsilon_budget=budget, delta=resolve_delta(cfg))
+    ledger = PrivacyLedger.create(run_dir, cfg.dataset_name, epsilon_budget=budget, delta=resolve_delta(cfg),
+                                  public_size=cfg.data.num_private)
     mark_reference_run(ledger, f"{cfg.method}.reference", cfg.epsilon)
     return ledger
 

@@ -69,6 +69,6 @@ def check_delta_for_size(delta: float, n: int, field: str = "delta") -> float:
     if n >= 1 and delta >= 1.0 / n:
         raise PrivacyParameterError(
             f"field '{field}': delta = {delta:g} is not below 1/n for this private data set "
-            "(a delta that large permits releasing a record in the clear); leave it unset for the default 1/(n ln n)"
+            "(a delta that large permits releasing a record in the clear); leave it unset for the default min(1e-5, n^-1.1)"
         )
     return delta

@@ -39,7 +39,7 @@ import sqlite3
 import tempfile
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -90,6 +90,7 @@ CREATE TABLE events (
 );
 """
 # Added after schema version 1 without a version bump: created on first use, absent means "none".
+_PUBLIC_SIZE_SCHEMA = "CREATE TABLE IF NOT EXISTS public_size (m INTEGER NOT NULL);"
 _NOT_PRIVATE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS not_private (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -101,12 +102,14 @@ CREATE TABLE IF NOT EXISTS not_private (
 """
 
 
-def default_delta(n: int) -> float:
-    """The default delta for a data set of ``n`` records (or users): 1 / (n ln n), n >= 2."""
-    if isinstance(n, bool) or not float(n).is_integer() or n < 2:
-        raise ConfigError(f"default_delta needs a data set size n >= 2, got {n!r}")
-    n = int(n)
-    return 1.0 / (n * math.log(n))
+def default_delta(m: int) -> float:
+    """The default delta for a public working-set size ``m`` (records, or users): min(1e-5, m^-1.1).
+
+    m * delta, roughly the expected number of records a delta-event could expose, then stays below
+    m^-0.1 and below 1e-5 * m (the old 1/(m ln m) left m * delta = 1/ln m, 0.15 at m = 1,000)."""
+    if isinstance(m, bool) or not float(m).is_integer() or m < 2:
+        raise ConfigError(f"default_delta needs a data set size m >= 2, got {m!r}")
+    return min(1e-5, float(m) ** -1.1)
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,7 @@ class LedgerEntry:
     params: dict[str, Any]
     epsilon: float  # this event alone, at the ledger's delta
     total_epsilon_after: float  # composed total once this event was recorded
-    timestamp: str
+    timestamp: str | None  # None in a DP sweep's release (no trial's time)
     details: dict[str, Any] = field(default_factory=dict)
 
     def event(self):
@@ -161,9 +164,11 @@ class PrivacyLedger:
 
     # ----------------------------------------------------------------------------- lifecycle
     @classmethod
-    def create(cls, run_dir: str | Path, dataset: str, epsilon_budget: float, delta: float) -> PrivacyLedger:
+    def create(cls, run_dir: str | Path, dataset: str, epsilon_budget: float, delta: float,
+               public_size: int | None = None) -> PrivacyLedger:
         """Create ``run_dir/ledger.sqlite``. If one exists with the same dataset, budget and delta
-        it is reopened (resume); with different ones, ConfigError."""
+        it is reopened (resume); with different ones, ConfigError. ``public_size``: the public
+        working-set size m (never a drawn or file count), shown with m * delta."""
         epsilon_budget = check_positive("epsilon_budget", epsilon_budget)
         delta = check_delta(delta)
         if not dataset or not isinstance(dataset, str):
@@ -197,6 +202,9 @@ class PrivacyLedger:
                     "INSERT INTO meta VALUES (?, ?, ?, ?, ?)",
                     (SCHEMA_VERSION, dataset, epsilon_budget, delta, created),
                 )
+                if public_size is not None:
+                    conn.executescript(_PUBLIC_SIZE_SCHEMA)
+                    conn.execute("INSERT INTO public_size VALUES (?)", (int(public_size),))
                 conn.commit()
             os.replace(tmp, path)
         finally:
@@ -258,6 +266,14 @@ class PrivacyLedger:
                 return []
             rows = conn.execute("SELECT stage, reason, timestamp FROM not_private ORDER BY id").fetchall()
         return [{"stage": r[0], "reason": r[1], "timestamp": r[2]} for r in rows]
+
+    @property
+    def public_size(self) -> int | None:
+        """The public working-set size m the run declared (None for a ledger made without one)."""
+        with closing(_connect(self.path)) as conn:
+            exists = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'public_size'").fetchone()
+            row = conn.execute("SELECT m FROM public_size").fetchone() if exists else None
+        return int(row[0]) if row else None
 
     @property
     def is_private(self) -> bool:
@@ -411,18 +427,23 @@ class PrivacyLedger:
         _make_durable(self.path)
 
     # ----------------------------------------------------------------------------- reporting
-    def to_dict(self) -> dict[str, Any]:
-        """Everything, JSON-ready (for metrics.json)."""
+    def to_dict(self, timestamps: bool = True) -> dict[str, Any]:
+        """Everything, JSON-ready (for metrics.json); ``timestamps=False`` sets every time to None."""
         entries = self.entries()
         total, method, candidates = self._compose([e.event() for e in entries])
         not_private = self.not_private_reasons()
+        if not timestamps:
+            entries = [replace(e, timestamp=None) for e in entries]
+            not_private = [{**mark, "timestamp": None} for mark in not_private]
         return {
             "dataset": self.dataset,
             "private": not not_private,
             "not_private": not_private,
             "epsilon_budget": self.epsilon_budget,
             "delta": self.delta,
-            "created": self.created,
+            "public_size": (m := self.public_size),
+            "m_times_delta": m * self.delta if m else None,
+            "created": self.created if timestamps else None,
             "total_epsilon": total,
             "remaining_epsilon": max(0.0, self.epsilon_budget - total),
             "composition_method": method,
@@ -431,7 +452,7 @@ class PrivacyLedger:
             "entries": [asdict(e) for e in entries],
         }
 
-    def render(self) -> str:
+    def render(self, timestamps: bool = True) -> str:
         """A human table: one row per event, then the composed total against the budget."""
         import io
 
@@ -441,13 +462,14 @@ class PrivacyLedger:
         entries = self.entries()
         total, method, _ = self._compose([e.event() for e in entries])
         table = Table(title=f"privacy ledger: {self.dataset} (delta={self.delta:.3g})")
-        for name, justify in (("#", "right"), ("stage", "left"), ("kind", "left"), ("params", "left"),
-                              ("eps alone", "right"), ("total after", "right"), ("time (UTC)", "left")):
+        columns = (("#", "right"), ("stage", "left"), ("kind", "left"), ("params", "left"),
+                   ("eps alone", "right"), ("total after", "right")) + ((("time (UTC)", "left"),) if timestamps else ())
+        for name, justify in columns:
             table.add_column(name, justify=justify)
         for e in entries:
             params = ", ".join(f"{k}={_fmt(v)}" for k, v in e.params.items()) or "-"
-            table.add_row(str(e.id), e.stage, e.kind, params, f"{e.epsilon:.4f}",
-                          f"{e.total_epsilon_after:.4f}", e.timestamp.replace("+00:00", ""))
+            time = (e.timestamp.replace("+00:00", ""),) if timestamps else ()
+            table.add_row(str(e.id), e.stage, e.kind, params, f"{e.epsilon:.4f}", f"{e.total_epsilon_after:.4f}", *time)
         buf = io.StringIO()
         console = Console(file=buf, width=120, color_system=None, force_terminal=False)
         console.print(table)
@@ -461,6 +483,9 @@ class PrivacyLedger:
             f"budget {self.epsilon_budget:g}, remaining {max(0.0, self.epsilon_budget - total):.4f}; "
             f"naive sum of eps {naive:.4f}"
         )
+        m = self.public_size
+        if m:
+            console.print(f"m * delta = {m * self.delta:.3g} (m = {m}, the public working-set size; keep it well below 1)")
         return buf.getvalue()
 
 

@@ -38,18 +38,42 @@ def secure_torch_generator(device: str = "cpu"):
     return gen
 
 
-def bernoulli_subsample(n: int, expected: int, rng: np.random.Generator | None = None) -> np.ndarray:
-    """Indices of rows kept by independent Bernoulli(expected / n) inclusion, drawn with secret randomness.
-
-    Used to take a private working set of about ``expected`` rows from a file of ``n``: unlike a
-    seeded permutation (neighbouring files give unrelated subsets), Poisson subsampling never
-    increases epsilon, so the guarantee stated for the subsample holds for the user's whole file.
-    Returns all indices when ``expected >= n``.
-    """
-    if expected >= n:
+def bernoulli_subsample(n: int, rate: float, rng: np.random.Generator | None = None) -> np.ndarray:
+    """Indices of the rows kept by independent Bernoulli(``rate``) inclusion, from secret randomness."""
+    if not 0 < rate <= 1:
+        raise ValueError(f"inclusion rate must be in (0, 1], got {rate}")
+    if rate == 1:
         return np.arange(n)
     rng = rng if rng is not None else secure_rng()
-    return np.flatnonzero(rng.random(n) < expected / n)
+    return np.flatnonzero(rng.random(n) < rate)
+
+
+def working_set(n: int, m: int, fraction: float | None, *, public_corpus: bool, field: str,
+                rng: np.random.Generator | None = None) -> np.ndarray:
+    """Indices of the private working set drawn from a pool of ``n`` rows for the declared public size m.
+
+    The inclusion rate must not depend on the private file: one more record would change every
+    row's chance, and the ledger's epsilon would not hold for the file (docs/privacy.md: measured
+    0.03 extra at m = 300 of n = 1,000, 4.5 at m = 1,000 of n = 1,001). So it is
+
+    * ``fraction`` (``data.sample_fraction``), a public rate, when the config gives one: a fixed
+      rate never increases the cost (the proof is in docs/privacy.md);
+    * every row when the pool has at most m rows;
+    * m / n for a bundled public corpus (bioRxiv, Adult), whose size is a published constant;
+    * otherwise refused (DataError naming ``field``, never a count): a file larger than m needs a
+      public ``sample_fraction``.
+    """
+    if fraction is not None:
+        return bernoulli_subsample(n, fraction, rng)
+    if m >= n:
+        return np.arange(n)
+    if public_corpus:
+        return bernoulli_subsample(n, m / n, rng)
+    from dpsynth_core.errors import DataError
+
+    raise DataError(f"{field}: the file has more rows than this working-set size; a rate of {field} / rows "
+                    "would depend on the file's size (docs/privacy.md). Set data.sample_fraction, the public "
+                    f"share of rows to draw (about {field} / rows), or raise {field} to use every row")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -74,6 +98,20 @@ def refuse_pinned_dp_seed(field: str, value: object) -> None:
         raise ValueError(
             f"'{field}' pins the DP noise to a public seed, so the stated epsilon would not hold; "
             f"it is a test-only knob (set {TEST_MODE_ENV}=1 in tests) -- leave it unset for OS entropy"
+        )
+
+
+DPSGD_TEST_ONLY_KNOBS = ("sampling_seed", "stop_after_steps")  # a pinned DP seed; a simulated crash
+
+
+def refuse_test_only_knobs(section: str, values: dict) -> None:
+    """Refuse DP-SGD's test-only knobs in a user config (``section``: where they sit, e.g.
+    ``generator``) unless ``DPSYNTH_TEST_MODE=1``; a run that uses one is marked not private."""
+    used = [k for k in DPSGD_TEST_ONLY_KNOBS if values.get(k) is not None]
+    if used and not test_mode_enabled():
+        raise ValueError(
+            f"{', '.join(f'{section}.{k}' for k in used)}: test-only (a pinned sampling/noise seed or a "
+            f"simulated crash: the stated epsilon would not hold); refused unless {TEST_MODE_ENV}=1"
         )
 
 

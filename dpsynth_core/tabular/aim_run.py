@@ -74,14 +74,14 @@ def run_aim(cfg: AimConfig, *, resume: bool = True) -> Path:
     from dpsynth_core.privacy import PrivacyLedger
 
     schema = load_schema(cfg.schema_path).select(cfg.columns)
-    _, delta = private_data.preflight(cfg, schema)  # before anything is written
+    rows, delta = private_data.preflight(cfg, schema)  # before anything is written
     root = open_run_dir(cfg.run_dir(), cfg.model_dump(mode="json"), resume=resume)
     marks = StageMarkers(root)
     if all(marks.done(s) for s in STAGES):
         announce_finished(root)
         return root
     if not (root / "ledger.sqlite").is_file():
-        PrivacyLedger.create(root, cfg.name, cfg.epsilon, delta)
+        PrivacyLedger.create(root, cfg.name, cfg.epsilon, delta, public_size=private_data.expected_rows(cfg, rows))
     stages = {"prepare": lambda c, r: prepare_domain(c, r, schema), "aim": stage_aim, "evaluate": stage_evaluate,
               "release": stage_release}
     for name in STAGES:

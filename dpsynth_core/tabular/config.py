@@ -163,9 +163,11 @@ class DataSettings(StrictConfig):
 
     source: str = "adult"  # "adult" or a CSV/JSONL/Parquet path (`path: FILE` says the same)
     test_path: str | None = None  # for non-adult sources: the real test table
-    # expected size of the private working set: each row of the file is kept independently with
-    # probability train_rows / n, drawn from OS entropy (never a config seed); None = the whole file
+    # public expected size m of the private working set (secret Bernoulli draws); None = the whole file
     train_rows: Annotated[int | None, RECORDS_CAP] = Field(None, ge=10)
+    # public share of the file's rows drawn into the working set; needed when your file has more rows than
+    # train_rows (a rate train_rows / rows would depend on the file's size); adult: train_rows / its rows
+    sample_fraction: float | None = Field(None, gt=0, le=1)
     test_rows: Annotated[int | None, RECORDS_CAP] = Field(None, ge=10)
     seed: int = 0  # post-processing and owner-side evaluation only (test subsample, TSTR models)
     # one file, no test file: hold out this many rows (a public count) as the owner-side test set, chosen
@@ -305,7 +307,7 @@ class TableRunConfig(StrictConfig):
     columns: list[str] | None = None
     data: DataSettings = Field(default_factory=DataSettings)
     epsilon: float = Field(..., gt=0)
-    delta: float | None = Field(None, gt=0, lt=1)  # default 1 / (m ln m), m = the expected private rows
+    delta: float | None = Field(None, gt=0, lt=1)  # default min(1e-5, m^-1.1), m = the expected private rows
     budget: BudgetSplit = Field(default_factory=BudgetSplit)
     evaluate_privacy: bool = True  # DCR + membership inference in the owner-side report
 

@@ -8,8 +8,9 @@ DP-SGD). One record adds 1 to exactly one cell of each histogram it is counted i
 histogram has L2 sensitivity 1 and ``k`` histograms are ``k`` compositions of the Gaussian
 mechanism with ``noise_multiplier = sigma``.
 
-The noise comes from OS entropy (``privacy.randomness.secure_rng``), a fresh generator per
-mechanism: a config seed is public, and noise drawn from it can be rebuilt and subtracted.
+Every histogram goes through the project's one Gaussian-histogram mechanism
+(``privacy.gaussian_histogram``): noise from OS entropy (a config seed is public, and noise drawn
+from it can be rebuilt and subtracted), counts released as integers.
 """
 
 from __future__ import annotations
@@ -20,16 +21,10 @@ import numpy as np
 import pandas as pd
 
 from dpsynth_core.errors import ConfigError
+from dpsynth_core.privacy.gaussian_histogram import histogram_event, noisy_histogram
 from dpsynth_core.tabular.schema import ColumnSpec, TableSchema
 
 NUM_CANDIDATE_BINS = 64
-
-
-def _privacy():
-    from dpsynth_core import privacy
-    from dpsynth_core.privacy import randomness  # noqa: F401 (P.randomness below)
-
-    return privacy
 
 
 def _threshold(sigma: float) -> float:
@@ -58,11 +53,8 @@ def estimate_domain(
         return schema
     if epsilon <= 0:
         raise ConfigError(f"schema '{schema.name}': columns {[c.name for c in todo]} need DP estimation but epsilon is {epsilon}")
-    P = _privacy()
-    sigma = P.calibrate_gaussian_noise(epsilon, ledger.delta, compositions=len(todo))
-    event = P.GaussianEvent(noise_multiplier=sigma, compositions=len(todo))
+    sigma, event = histogram_event(epsilon, ledger.delta, len(todo))
     ledger.check(stage, event)  # before touching the data
-    rng = P.randomness.secure_rng()  # secret noise: never from a config seed
     resolved: dict[str, ColumnSpec] = {}
     for col in todo:
         if col.name not in df.columns:
@@ -70,7 +62,7 @@ def estimate_domain(
         if col.is_categorical:
             cands = list(col.candidate_categories or [])
             counts = df[col.name].astype(str).str.strip().value_counts().reindex(cands, fill_value=0).to_numpy(float)
-            noisy = counts + rng.normal(0.0, sigma, size=len(cands))
+            noisy = noisy_histogram(counts, sigma, integer_counts=True)
             keep = [c for c, v in zip(cands, noisy) if v > _threshold(sigma)] or [cands[int(np.argmax(noisy))]]
             resolved[col.name] = col.model_copy(update={"categories": keep, "domain": "dp"})
         else:
@@ -78,7 +70,7 @@ def estimate_domain(
             edges = np.linspace(lo, hi, NUM_CANDIDATE_BINS + 1)
             vals = pd.to_numeric(df[col.name], errors="coerce").dropna().clip(lo, hi).to_numpy()
             counts, _ = np.histogram(vals, bins=edges)
-            noisy = counts + rng.normal(0.0, sigma, size=len(counts))
+            noisy = noisy_histogram(counts, sigma, integer_counts=True)
             idx = np.nonzero(noisy > _threshold(sigma))[0]
             if len(idx) == 0:
                 idx = np.array([int(np.argmax(noisy))])
@@ -125,16 +117,13 @@ def dp_group_label_tables(
         raise ConfigError(f"schema '{schema.name}': fairness statistics need a sensitive attribute")
     y_col = schema.column(schema.target)
     a_cols = [schema.column(a) for a in sensitive]
-    P = _privacy()
-    sigma = P.calibrate_gaussian_noise(epsilon, ledger.delta, compositions=len(sensitive))
-    event = P.GaussianEvent(noise_multiplier=sigma, compositions=len(sensitive))
+    sigma, event = histogram_event(epsilon, ledger.delta, len(sensitive))
     ledger.check(stage, event)
-    rng = P.randomness.secure_rng()  # secret noise: never from a config seed
     out = {}
     for a_col in a_cols:
         table = pd.crosstab(df[a_col.name].astype(str), df[schema.target].astype(str))
         table = table.reindex(index=a_col.categories, columns=y_col.categories, fill_value=0)
-        noisy = np.maximum(table.to_numpy(float) + rng.normal(0.0, sigma, size=table.shape), 0.5)
+        noisy = np.maximum(noisy_histogram(table.to_numpy(float), sigma, integer_counts=True), 0.5)
         out[a_col.name] = {a: {y: float(noisy[i, j]) for j, y in enumerate(y_col.categories)}
                            for i, a in enumerate(a_col.categories)}
     ledger.record(stage, event, details={"sensitive": list(sensitive), "target": schema.target, "sigma": sigma})
@@ -165,12 +154,8 @@ def dp_marginals(df: pd.DataFrame, schema: TableSchema, *, epsilon: float, ledge
     pairs: list[tuple[str, str]] = []
     for i, anchor in enumerate(anchors):  # a pair of two anchors is released once, with the earlier one
         pairs += [(c.name, anchor) for c in schema.columns if c.name != anchor and c.name not in anchors[:i]]
-    P = _privacy()
-    compositions = len(schema.columns) + len(pairs)
-    sigma = P.calibrate_gaussian_noise(epsilon, ledger.delta, compositions=compositions)
-    event = P.GaussianEvent(noise_multiplier=sigma, compositions=compositions)
+    sigma, event = histogram_event(epsilon, ledger.delta, len(schema.columns) + len(pairs))
     ledger.check(stage, event)
-    rng = P.randomness.secure_rng()  # secret noise: never from a config seed
     codes: dict[str, tuple[np.ndarray, int]] = {}
     out: dict[str, dict] = {}
     for col in schema.columns:
@@ -185,7 +170,7 @@ def dp_marginals(df: pd.DataFrame, schema: TableSchema, *, epsilon: float, ledge
             size = bins
         codes[col.name] = (code, size)
         counts = np.bincount(code[code >= 0], minlength=size).astype(float)
-        entry["counts"] = np.maximum(counts + rng.normal(0.0, sigma, size=counts.shape), 0.0).tolist()
+        entry["counts"] = np.maximum(noisy_histogram(counts, sigma, integer_counts=True), 0.0).tolist()
         out[col.name] = entry
     if pairs:
         out["pairs"] = {}
@@ -197,7 +182,7 @@ def dp_marginals(df: pd.DataFrame, schema: TableSchema, *, epsilon: float, ledge
             n_x, entry["edges"] = pair_bins, edges.tolist()
         ok = (x >= 0) & (y >= 0)
         counts = np.bincount(x[ok] * n_y + y[ok], minlength=n_x * n_y).astype(float)
-        entry["counts"] = np.maximum(counts + rng.normal(0.0, sigma, size=counts.shape), 0.0).tolist()
+        entry["counts"] = np.maximum(noisy_histogram(counts, sigma, integer_counts=True), 0.0).tolist()
         out["pairs"][f"{name}|{anchor}"] = entry
     ledger.record(stage, event, details={"columns": schema.names, "bins": bins, "sigma": sigma,
                                          **({"pairs_with": anchors, "pairs": len(pairs)} if pairs else {}),

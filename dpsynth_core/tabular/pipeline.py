@@ -523,14 +523,14 @@ def run_dpfair(cfg: DpFairConfig, *, resume: bool = True, runner: Runner = local
     from dpsynth_core.privacy import PrivacyLedger
 
     schema = public_schema(cfg)
-    _, delta = private_data.preflight(cfg, schema)  # before anything is written
+    rows, delta = private_data.preflight(cfg, schema)  # before anything is written
     root = open_run_dir(cfg.run_dir(), cfg.model_dump(mode="json"), resume=resume, ignore=EXECUTION_ONLY)
     marks, stages = StageMarkers(root), _wanted(cfg, schema)
     if all(marks.done(s) for s in stages):
         announce_finished(root)
         return root
     if not (root / "ledger.sqlite").is_file():
-        PrivacyLedger.create(root, cfg.name, cfg.epsilon, delta)
+        PrivacyLedger.create(root, cfg.name, cfg.epsilon, delta, public_size=private_data.expected_rows(cfg, rows))
     local = {"prepare": stage_prepare, "fair_stats": stage_fair_stats, "marginals": stage_marginals, "evaluate": stage_evaluate,
              "reference": stage_reference, "release": stage_release}
     for name in stages:

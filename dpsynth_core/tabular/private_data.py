@@ -4,11 +4,11 @@ Every process that needs the private rows (the driver's DP stages, the Ray worke
 the owner-side evaluation) calls :func:`load_private` with the public config and the run
 directory: nothing private travels through task arguments, the object store or configs.
 
-The working set. With ``data.train_rows = m`` smaller than the file's n rows, each row is kept
-independently with probability m / n, drawn from OS entropy (``bernoulli_subsample``). Poisson
-subsampling never increases epsilon, so the ledger's (epsilon, delta) holds for the user's whole
-file, not for a drawn sample (a seeded ``sample`` would make neighbouring files give unrelated
-subsets, and the seed is public).
+The working set (``randomness.working_set``). Each row is kept independently, from OS entropy, with
+the public probability ``data.sample_fraction``; without one, the whole file when it has at most
+``data.train_rows = m`` rows, m / n on the bundled Adult file (a published size), and a refusal
+otherwise: a rate set by the private file's size would cost more than the ledger states
+(docs/privacy.md). A seeded ``sample`` would make neighbouring files give unrelated subsets.
 
 Resume. The subset is drawn once, at the first stage, and its row indices are kept in owner-only
 run state (``owner_only/private_subset.json``, mode 0600) with a fingerprint of the file, so a
@@ -92,8 +92,12 @@ def load_test(cfg: TableRunConfig) -> pd.DataFrame:
 
 
 def expected_rows(cfg: TableRunConfig, n: int) -> int:
-    """m: the public expected size of the working set (``train_rows``, at most the file)."""
-    return min(cfg.data.train_rows, n) if cfg.data.train_rows else n
+    """m, the working set's size as the accounting and the ledger state it (never the drawn size):
+    ``train_rows`` (at most the bundled Adult file's published size), else the whole file, whose
+    size DP-SGD's sampling rate q = B / n states anyway."""
+    if not cfg.data.train_rows:
+        return n
+    return min(cfg.data.train_rows, n) if cfg.data.source == "adult" else cfg.data.train_rows
 
 
 def public_size(cfg: TableRunConfig) -> int:
@@ -102,11 +106,7 @@ def public_size(cfg: TableRunConfig) -> int:
 
 
 def resolve_delta(cfg: TableRunConfig, n: int) -> float:
-    """delta from the config (else 1 / (m ln m)), checked to be below 1/m.
-
-    With Bernoulli inclusion at rate m / n, a delta below 1/m on the working set is below 1/n
-    on the file (subsampling scales delta by m / n).
-    """
+    """delta from the config (else min(1e-5, m^-1.1)), checked to be below 1/m (m: ``expected_rows``)."""
     from dpsynth_core.privacy import check_delta_for_size, default_delta
 
     m = expected_rows(cfg, n)
@@ -124,9 +124,10 @@ def subset_state(root: Path) -> Path:
 
 def draw_subset(cfg: TableRunConfig, root: Path, frame: pd.DataFrame) -> np.ndarray:
     """Draw the secret working subset and keep it in owner-only state (first stage only)."""
-    from dpsynth_core.privacy.randomness import bernoulli_subsample
+    from dpsynth_core.privacy.randomness import working_set
 
-    keep = bernoulli_subsample(len(frame), expected_rows(cfg, len(frame)))
+    keep = working_set(len(frame), cfg.data.train_rows or len(frame), cfg.data.sample_fraction,
+                       public_corpus=cfg.data.source == "adult", field="data.train_rows")
     state = subset_state(root)
     state.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(state.parent, 0o700)
