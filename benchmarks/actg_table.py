@@ -49,7 +49,7 @@ SCALES = {
     "small": dict(model="smollm2-135m-instruct", n_records=300, n_eval=100, n_public=100, n_synthetic=12, steps=4,
                   batch=8, seq=128, new_tokens=32, best_of=2, rl_steps=1, max_chars=500, lr=0.003,
                   lora={"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}, feature_lm_seq=96),
-    # SmolLM2 with generation on vLLM (run with .venv-vllm/bin/python): 150 feature rows split 15 anchors /
+    # SmolLM2 with generation on vLLM: 150 feature rows split 15 anchors /
     # 15 RL prompts / 120 evaluation texts per system, against 100 held-out real texts.
     "vllm": dict(model="smollm2-135m-instruct", n_records=300, n_eval=100, n_public=100, n_synthetic=150,
                  anchor_share=0.1, rl_share=0.1, steps=8, batch=8, seq=128, new_tokens=48, best_of=4, rl_steps=2,
@@ -65,7 +65,21 @@ ROWS = ["vanilla DP-FT", "ACTG", "ACTG-ARL", "RL without anchor", "AIM -> DP-FT 
         "eps = inf (not private)"]
 
 
+def paper_data() -> tuple[Path, Path, int]:
+    """(private file, declared-public labeled file, private rows) of configs/actg_paper*.yaml, made once
+    from the shared corpus (scripts/make_actg_paper_data.py)."""
+    import pandas as pd
+
+    from dpsynth_core.actg.paper_data import PAPER_DATA_DIR, write_paper_split
+
+    public, private = PAPER_DATA_DIR / "public_labeled.csv", PAPER_DATA_DIR / "private.csv"
+    if not (public.is_file() and private.is_file()):
+        public, private = write_paper_split(ROOT / PAPER_DATA_DIR)
+    return private, public, len(pd.read_csv(private))
+
+
 def actg_config(scale: dict, seed: int, run_dir: Path, mode: str = "actg", **update) -> dict:
+    private, public, n_private = paper_data()
     generator = {"model": scale["model"], "steps": scale["steps"], "expected_batch_size": scale["batch"],
                  "physical_batch_size": 8, "max_seq_len": scale["seq"], "learning_rate": scale["lr"],
                  "fill_budget": True}
@@ -73,8 +87,11 @@ def actg_config(scale: dict, seed: int, run_dir: Path, mode: str = "actg", **upd
         generator["lora"] = scale["lora"]
     return {
         "name": run_dir.name, "mode": mode, "output_dir": str(run_dir),
-        "data": {"n_records": scale["n_records"], "n_eval": scale["n_eval"], "n_public": scale["n_public"],
-                 "max_chars": scale["max_chars"], "seed": 0},
+        # the reward's labeled rows come from the declared-public file; the working set is a public fraction
+        # of the private rows not held out (the bundled corpus's published size)
+        "data": {"path": str(private), "public_path": str(public), "n_records": scale["n_records"],
+                 "sample_fraction": min(1.0, scale["n_records"] / (n_private - scale["n_eval"])),
+                 "n_eval": scale["n_eval"], "n_public": scale["n_public"], "max_chars": scale["max_chars"], "seed": 0},
         "privacy": {"epsilon": 4.0, "features_share": 0.5},
         "extractor": {"kind": "columns"}, "reward": {"kind": "supervised"},
         "features": {"n_synthetic": scale["n_synthetic"], "anchor_share": scale.get("anchor_share", 1 / 3),
