@@ -49,7 +49,7 @@ SCALES = {
     "small": dict(model="smollm2-135m-instruct", n_records=300, n_eval=100, n_public=100, n_synthetic=12, steps=4,
                   batch=8, seq=128, new_tokens=32, best_of=2, rl_steps=1, max_chars=500, lr=0.003,
                   lora={"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}, feature_lm_seq=96),
-    # SmolLM2 with generation on vLLM (run with .venv-vllm/bin/python): 150 feature rows split 15 anchors /
+    # SmolLM2 with generation on vLLM (run with .venv/bin/python): 150 feature rows split 15 anchors /
     # 15 RL prompts / 120 evaluation texts per system, against 100 held-out real texts.
     "vllm": dict(model="smollm2-135m-instruct", n_records=300, n_eval=100, n_public=100, n_synthetic=150,
                  anchor_share=0.1, rl_share=0.1, steps=8, batch=8, seq=128, new_tokens=48, best_of=4, rl_steps=2,

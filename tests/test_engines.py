@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from vllm_gate import require_vllm
 from pydantic import ValidationError
 
 from dpsynth_core.engines import EngineConfig, SamplingParams, cut_at_stop, load_engine, resolve_backend
@@ -140,7 +141,7 @@ def test_hf_engine_refuses_regex(tiny_hf) -> None:
         tiny_hf.run(PROMPTS, SamplingParams(regex="a+"))
 
 
-# --- vLLM (skipped unless vllm is installed) ------------------------------------------------------
+# --- vLLM (installed by make install; skipped only where it could not be, failed under CI) ----------
 
 SMOLLM2 = "smollm2-135m-instruct"
 SHORT_PROMPTS = ["The capital of France is", "Write one sentence about cells.", "1, 2, 3,", "Dear Sir,"]
@@ -150,7 +151,7 @@ SHORT_PROMPTS = ["The capital of France is", "Write one sentence about cells.", 
 def smollm2_adapter(tmp_path_factory):
     """A LoRA adapter on SmolLM2 in the DP-SGD adapter's format (q_proj/v_proj), with random B so it
     changes the output (peft's default B = 0 would make every comparison trivially pass)."""
-    pytest.importorskip("vllm")
+    require_vllm()
     import torch
     from peft import LoraConfig, get_peft_model
 
@@ -198,3 +199,18 @@ def test_vllm_lora_kernels_match_the_merged_copy(vllm_fp32) -> None:
 def test_vllm_samples_n_per_prompt_and_stops(vllm_fp32) -> None:
     check_n_samples(vllm_fp32)
     check_stop(vllm_fp32, SHORT_PROMPTS[1])
+
+
+def test_a_missing_vllm_fails_the_vllm_tests_under_ci_and_skips_them_elsewhere(monkeypatch):
+    import importlib.util
+
+    import vllm_gate
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(vllm_gate.importlib.util, "find_spec", lambda name: None if name == "vllm" else real(name))
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true: vllm not importable"):
+        vllm_gate.require_vllm()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="make install"):
+        vllm_gate.require_vllm()

@@ -1,6 +1,6 @@
 """Ray's own LLM layers: the ``ray_llm`` Serve app (ray.serve.llm) and the ``ray_data_llm`` batch
-runner (ray.data.llm). Everywhere: the configs they are built from. With vllm installed (make
-test-vllm): the app answers OpenAI completions over HTTP, Best-of-N and multi-PLM run over its
+runner (ray.data.llm). Everywhere: the configs they are built from. With vllm installed (as
+`make install` does): the app answers OpenAI completions over HTTP, Best-of-N and multi-PLM run over its
 engines, and the runner writes every row."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import urllib.request
 
 import pandas as pd
 import pytest
+from vllm_gate import require_vllm
 
 from dpsynth_core.engines.vllm_cpu import cpu_dtype
 from dpsynth_core.errors import ConfigError
@@ -58,14 +59,12 @@ def test_ray_data_llm_runner_is_vllm_only(tmp_path) -> None:
     assert BatchGenerateConfig(prompt="p", output_dir=tmp_path).runner == "actors"
 
 
-# --- vLLM (skipped unless vllm and ray[llm] are installed) -----------------------------------------
+# --- vLLM (installed by make install; skipped only where it could not be, failed under CI) ----------
 
 @pytest.fixture
 def ray_with_vllm(request):
     """The session's Ray, only where vllm and Ray's LLM layers import (no Ray start just to skip)."""
-    pytest.importorskip("vllm")
-    pytest.importorskip("ray.serve.llm")
-    pytest.importorskip("ray.data.llm")
+    require_vllm("ray.serve.llm", "ray.data.llm")
     return request.getfixturevalue("ray_session")
 
 
