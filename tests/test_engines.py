@@ -114,6 +114,15 @@ def test_auto_fallback_says_why_in_one_line(monkeypatch, caplog) -> None:
     assert "hf for model 'tiny-llama'" in line and "not installed" in line
 
 
+def test_auto_choosing_vllm_says_so_in_one_line(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(factory, "vllm_unsupported_reason", lambda model, device=None: None)
+    factory._announce_vllm.cache_clear()
+    with caplog.at_level("WARNING", logger="dpsynth_core.engines.factory"):
+        for _ in range(3):
+            assert resolve_backend(EngineConfig(model="tiny-llama")) == "vllm"
+    assert [r.getMessage() for r in caplog.records] == ["generation engine: vllm for model 'tiny-llama'"]
+
+
 def test_actg_generation_runs_through_the_engine(tiny_hf) -> None:
     from dpsynth_core.actg.generator import GenerationSettings, generate_texts
 
