@@ -191,23 +191,24 @@ def test_vllm_with_dp_adapter_matches_hf_greedy(vllm_fp32, smollm2_adapter) -> N
     assert vllm_fp32.generate(SHORT_PROMPTS, greedy) == hf_texts
 
 
-def test_vllm_lora_kernels_match_the_merged_copy(vllm_fp32) -> None:
-    """On CPU ``lora_mode: auto`` serves a merged copy (the fixture); vLLM's LoRA path decodes the same tokens,
-    and the merged copy is the engine's own, gone when it closes."""
-    assert vllm_fp32.lora is None and Path(vllm_fp32._merged.name, "model", "config.json").is_file()
-    greedy = SamplingParams(max_new_tokens=12, temperature=0)
-    with load_engine(vllm_fp32.config.model_copy(update={"lora_mode": "lora"})) as lora:
-        assert lora.lora is not None and lora._merged is None
-        assert lora.generate(SHORT_PROMPTS, greedy) == vllm_fp32.generate(SHORT_PROMPTS, greedy)
-    with load_engine(vllm_fp32.config) as merged:
-        copy = Path(merged._merged.name)
-        assert copy.is_dir()
-    assert not copy.exists()
-
-
 def test_vllm_samples_n_per_prompt_and_stops(vllm_fp32) -> None:
     check_n_samples(vllm_fp32)
     check_stop(vllm_fp32, SHORT_PROMPTS[1])
+
+
+def test_vllm_lora_kernels_match_the_merged_copy(vllm_fp32) -> None:
+    """On CPU ``lora_mode: auto`` serves a merged copy (the fixture); the merged copy is the engine's own,
+    gone when it closes; vLLM's LoRA path then decodes the same tokens. The module's last use of the
+    fixture: it closes it first, so the LoRA engine runs its core in this process instead of spawning one."""
+    assert vllm_fp32.lora is None and Path(vllm_fp32._merged.name, "model", "config.json").is_file()
+    greedy = SamplingParams(max_new_tokens=12, temperature=0)
+    merged_texts = vllm_fp32.generate(SHORT_PROMPTS, greedy)
+    copy = Path(vllm_fp32._merged.name)
+    vllm_fp32.close()
+    assert not copy.exists()
+    with load_engine(vllm_fp32.config.model_copy(update={"lora_mode": "lora"})) as lora:
+        assert lora.lora is not None and lora._merged is None
+        assert lora.generate(SHORT_PROMPTS, greedy) == merged_texts
 
 
 def test_a_missing_vllm_fails_the_vllm_tests_under_ci_and_skips_them_elsewhere(monkeypatch):

