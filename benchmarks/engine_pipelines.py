@@ -1,7 +1,7 @@
 """Wall time of two generating stages on the HF and the vLLM engine, paired in one run.
 
-    .venv-vllm/bin/python benchmarks/engine_pipelines.py wasp   [--config configs/wasp_demo.yaml] [--repeats 1]
-    .venv-vllm/bin/python benchmarks/engine_pipelines.py dpfair [--rows 200] [--repeats 1]
+    .venv/bin/python benchmarks/engine_pipelines.py wasp   [--config configs/wasp_demo.yaml] [--repeats 1]
+    .venv/bin/python benchmarks/engine_pipelines.py dpfair [--rows 200] [--repeats 1]
 
 ``wasp``: the generation of one WASP iteration (a contrastive round) with the config's 2 PLMs, each
 PLM loaded once per engine (``dpsynth_core.pe.llm.LocalLLM``, engine hf / vllm). The round's budget
@@ -14,7 +14,7 @@ other on both engines. Embedding and DP voting are the same code on either engin
 adult schema, without the fairness rejection sampler (it needs full logits, so it stays on HF):
 HF under the constrained-decoding logits processor vs vLLM under the row regex.
 
-Needs ``.venv-vllm`` (make install-vllm). The machine may be shared: the load average is printed.
+Needs vLLM (``make install`` installs it). The machine may be shared: the load average is printed.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Generation engines compared in-process: HF batched ``generate`` vs vLLM, same prompts, same model.
 
-    .venv-vllm/bin/python benchmarks/generation_engines.py \
+    .venv/bin/python benchmarks/generation_engines.py \
         [--models smollm2-135m-instruct gemma3-270m] [--prompts 32 128] [--new-tokens 64] \
         [--backends hf vllm] [--hf-batch-size 32] [--kv-cache-gib 4] [--two-plms | --lora-modes] [--json out.json]
 

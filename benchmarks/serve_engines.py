@@ -1,6 +1,6 @@
 """Generation engines through Ray Serve over HTTP: HF batched replicas vs vLLM, same requests.
 
-    .venv-vllm/bin/python benchmarks/serve_engines.py [--model smollm2-135m-instruct] [--requests 32 128] \
+    .venv/bin/python benchmarks/serve_engines.py [--model smollm2-135m-instruct] [--requests 32 128] \
         [--new-tokens 64] [--vllm-app ray_llm|dpsynth] [--json out.json]
 
 Two Serve apps on one HTTP port, both loaded before anything is timed: ``/hf`` is the dpsynth app

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from vllm_gate import require_vllm
 from pydantic import ValidationError
 
 from dpsynth_core.engines import EngineConfig, SamplingParams, cut_at_stop, load_engine, resolve_backend
@@ -113,6 +114,15 @@ def test_auto_fallback_says_why_in_one_line(monkeypatch, caplog) -> None:
     assert "hf for model 'tiny-llama'" in line and "not installed" in line
 
 
+def test_auto_choosing_vllm_says_so_in_one_line(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(factory, "vllm_unsupported_reason", lambda model, device=None: None)
+    factory._announce_vllm.cache_clear()
+    with caplog.at_level("WARNING", logger="dpsynth_core.engines.factory"):
+        for _ in range(3):
+            assert resolve_backend(EngineConfig(model="tiny-llama")) == "vllm"
+    assert [r.getMessage() for r in caplog.records] == ["generation engine: vllm for model 'tiny-llama'"]
+
+
 def test_actg_generation_runs_through_the_engine(tiny_hf) -> None:
     from dpsynth_core.actg.generator import GenerationSettings, generate_texts
 
@@ -140,7 +150,7 @@ def test_hf_engine_refuses_regex(tiny_hf) -> None:
         tiny_hf.run(PROMPTS, SamplingParams(regex="a+"))
 
 
-# --- vLLM (skipped unless vllm is installed) ------------------------------------------------------
+# --- vLLM (installed by make install; skipped only where it could not be, failed under CI) ----------
 
 SMOLLM2 = "smollm2-135m-instruct"
 SHORT_PROMPTS = ["The capital of France is", "Write one sentence about cells.", "1, 2, 3,", "Dear Sir,"]
@@ -150,7 +160,7 @@ SHORT_PROMPTS = ["The capital of France is", "Write one sentence about cells.", 
 def smollm2_adapter(tmp_path_factory):
     """A LoRA adapter on SmolLM2 in the DP-SGD adapter's format (q_proj/v_proj), with random B so it
     changes the output (peft's default B = 0 would make every comparison trivially pass)."""
-    pytest.importorskip("vllm")
+    require_vllm()
     import torch
     from peft import LoraConfig, get_peft_model
 
@@ -181,20 +191,36 @@ def test_vllm_with_dp_adapter_matches_hf_greedy(vllm_fp32, smollm2_adapter) -> N
     assert vllm_fp32.generate(SHORT_PROMPTS, greedy) == hf_texts
 
 
-def test_vllm_lora_kernels_match_the_merged_copy(vllm_fp32) -> None:
-    """On CPU ``lora_mode: auto`` serves a merged copy (the fixture); vLLM's LoRA path decodes the same tokens,
-    and the merged copy is the engine's own, gone when it closes."""
-    assert vllm_fp32.lora is None and Path(vllm_fp32._merged.name, "model", "config.json").is_file()
-    greedy = SamplingParams(max_new_tokens=12, temperature=0)
-    with load_engine(vllm_fp32.config.model_copy(update={"lora_mode": "lora"})) as lora:
-        assert lora.lora is not None and lora._merged is None
-        assert lora.generate(SHORT_PROMPTS, greedy) == vllm_fp32.generate(SHORT_PROMPTS, greedy)
-    with load_engine(vllm_fp32.config) as merged:
-        copy = Path(merged._merged.name)
-        assert copy.is_dir()
-    assert not copy.exists()
-
-
 def test_vllm_samples_n_per_prompt_and_stops(vllm_fp32) -> None:
     check_n_samples(vllm_fp32)
     check_stop(vllm_fp32, SHORT_PROMPTS[1])
+
+
+def test_vllm_lora_kernels_match_the_merged_copy(vllm_fp32) -> None:
+    """On CPU ``lora_mode: auto`` serves a merged copy (the fixture); the merged copy is the engine's own,
+    gone when it closes; vLLM's LoRA path then decodes the same tokens. The module's last use of the
+    fixture: it closes it first, so the LoRA engine runs its core in this process instead of spawning one."""
+    assert vllm_fp32.lora is None and Path(vllm_fp32._merged.name, "model", "config.json").is_file()
+    greedy = SamplingParams(max_new_tokens=12, temperature=0)
+    merged_texts = vllm_fp32.generate(SHORT_PROMPTS, greedy)
+    copy = Path(vllm_fp32._merged.name)
+    vllm_fp32.close()
+    assert not copy.exists()
+    with load_engine(vllm_fp32.config.model_copy(update={"lora_mode": "lora"})) as lora:
+        assert lora.lora is not None and lora._merged is None
+        assert lora.generate(SHORT_PROMPTS, greedy) == merged_texts
+
+
+def test_a_missing_vllm_fails_the_vllm_tests_under_ci_and_skips_them_elsewhere(monkeypatch):
+    import importlib.util
+
+    import vllm_gate
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(vllm_gate.importlib.util, "find_spec", lambda name: None if name == "vllm" else real(name))
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true: vllm not importable"):
+        vllm_gate.require_vllm()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="make install"):
+        vllm_gate.require_vllm()

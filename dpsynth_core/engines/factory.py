@@ -23,6 +23,12 @@ def _announce_fallback(model: str, reason: str) -> None:
     log.warning("generation engine: hf for model '%s' (vllm not used: %s)", model, reason)
 
 
+@lru_cache(maxsize=64)
+def _announce_vllm(model: str) -> None:
+    """One line per model and process when ``auto`` chose vLLM, as the fallback has its own."""
+    log.warning("generation engine: vllm for model '%s'", model)
+
+
 def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
@@ -88,6 +94,7 @@ def resolve_backend(config: EngineConfig) -> str:
         return "hf"
     reason = vllm_unsupported_reason(config.model, placement.device)
     if reason is None:
+        _announce_vllm(config.model)
         return "vllm"
     if config.backend == "vllm":
         raise ConfigError(f"field 'backend': vllm cannot run model '{config.model}': {reason}")

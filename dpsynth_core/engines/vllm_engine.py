@@ -34,6 +34,21 @@ def vllm_process_env() -> None:
     os.environ.setdefault("VLLM_ENGINE_READY_TIMEOUT_S", "3600")
 
 
+# CPU engines whose core runs in this process (at most one: vLLM keeps its parallel groups in globals).
+_in_process_engines = 0
+
+
+def engine_core_in_process() -> bool:
+    """Whether the next engine runs its core in this process instead of a spawned one. On the CPU a
+    spawned core re-imports torch and vLLM and starts its own worker: most of an engine start on a
+    small host. A GPU engine keeps its own process (it overlaps scheduling with compute), and so
+    does a second engine alive at the same time as an in-process one. A user's
+    ``VLLM_ENABLE_V1_MULTIPROCESSING`` wins."""
+    if "VLLM_ENABLE_V1_MULTIPROCESSING" in os.environ and not _in_process_engines:
+        return os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] in ("0", "false", "False")
+    return vllm_device() == "cpu" and _in_process_engines == 0
+
+
 def merged_dir(model: str, adapter_dir: Path) -> Path:
     """Where the merged copy of (model, adapter) is cached: keyed by the adapter's bytes."""
     from dpsynth_core.models.registry import cache_dir
@@ -78,6 +93,11 @@ class VLLMEngine(TextEngine):
                 self.lora = LoRARequest("dp-adapter", 1, str(Path(config.adapter_dir).resolve()))
         # Read by vLLM's CPU platform when the engine config is built (KV cache, cores: vllm_cpu).
         os.environ.update(cpu_engine_env(config.kv_cache_gib))
+        self._in_process = engine_core_in_process()
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self._in_process else "1"
+        import vllm.envs
+
+        vllm.envs.disable_envs_cache()  # an earlier in-process engine froze the environment it saw
         self.llm = LLM(
             model=str(model_dir), tokenizer=str(model_dir),
             dtype=cpu_dtype(config.dtype),  # auto: bf16 only where the CPU has it natively
@@ -89,6 +109,9 @@ class VLLMEngine(TextEngine):
             seed=secret_seed(31),  # only used by requests without a seed; ours always carry one
             **kwargs,
         )
+        if self._in_process:
+            global _in_process_engines
+            _in_process_engines += 1
 
     def _prompt_ids(self, prompts: Sequence[str], chat: bool) -> list[dict]:
         from dpsynth_core.generation import format_prompts
@@ -140,12 +163,18 @@ class VLLMEngine(TextEngine):
         return GenerationBatch(texts=texts, new_tokens=new_tokens, latencies_s=latencies, n=params.n)
 
     def close(self) -> None:
+        global _in_process_engines
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
             engine_core = getattr(llm.llm_engine, "engine_core", None)
             if engine_core is not None and hasattr(engine_core, "shutdown"):
                 engine_core.shutdown()
             del llm
+            if self._in_process:
+                _in_process_engines -= 1
+                import gc
+
+                gc.collect()  # the KV cache lives in this process: give it back now
         merged, self._merged = getattr(self, "_merged", None), None
         if merged is not None:
             merged.cleanup()
