@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 
-from gpu_check_parts import SHAPES, examples, init_process_group, make_engine
+from gpu_check_model import SHAPES, TARGET_MODULES, examples, init_process_group, make_engine, random_base
 
 CLIP_RTOL = 1e-5
 NOISE_TOL = 0.05
@@ -61,7 +61,6 @@ def reference(rows, tokenizer, values, clip: float | None, seq: int):
     from peft import LoraConfig, get_peft_model
 
     from dpsynth_core.dpsgd.data import IGNORE_INDEX, collate, tokenize_examples
-    from gpu_check_parts import TARGET_MODULES, random_base
 
     base, _ = random_base("small", torch.device("cpu"), "fp32")
     model = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules=TARGET_MODULES)).double()
