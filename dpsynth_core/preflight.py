@@ -53,7 +53,7 @@ def check_actg(path: Path) -> Plan:
     from dpsynth_core.actg.pipeline import load_actg_config
     from dpsynth_core.actg.schema import load_schema
     from dpsynth_core.privacy import check_delta_for_size, default_delta
-    from dpsynth_core.storage import require_durable_run_dir
+    from dpsynth_core.runs.storage import require_durable_run_dir
 
     cfg = load_actg_config(path)
     run_dir = require_durable_run_dir(cfg.resolved_run_dir())
@@ -72,7 +72,7 @@ def check_pe(path: Path, method: str) -> Plan:
     from dpsynth_core.pe.data_split import split_data
     from dpsynth_core.pe.pipeline import load_pe_config, resolve_delta
     from dpsynth_core.pe.prompts import load_prompts
-    from dpsynth_core.storage import require_durable_run_dir
+    from dpsynth_core.runs.storage import require_durable_run_dir
 
     cfg = load_pe_config(path, method)
     run_dir = require_durable_run_dir(cfg.run_dir)

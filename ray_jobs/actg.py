@@ -7,7 +7,7 @@ Each stage runs in a Ray task sized by the config's ``resources`` (default: up t
 ``resources.stages.private: {gpus: 1}`` puts DP-SGD on a GPU node) and gets only the config and the
 run directory path; stages hand artifacts to each other through the run directory, and each
 done-marker records the node (and GPU ids) its stage ran on. Inside a submitted job the run
-directory must be shared storage (``dpsynth_core.storage``). The ``private`` stage is the only one
+directory must be shared storage (``dpsynth_core.runs.storage``). The ``private`` stage is the only one
 that reads private records. The ``anchored_rl`` stage runs in a worker of its own runtime
 environment whose ``DPSYNTH_DATA_DIR`` points at an empty directory, so even a stray
 ``data_dir()`` call there finds no private file.
@@ -24,8 +24,8 @@ import os
 from pathlib import Path
 
 from dpsynth_core.actg.pipeline import ActgConfig, load_actg_config, run_pipeline
-from dpsynth_core.storage import require_durable_run_dir
-from dpsynth_core.storage_sync import synced_run
+from dpsynth_core.runs.storage import require_durable_run_dir
+from dpsynth_core.runs.storage_sync import synced_run
 from ray_jobs.cluster import OFFLINE_ENV, ray_session, run_stage_task, stage_in_run_dir, stage_options
 
 

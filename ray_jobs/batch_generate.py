@@ -25,7 +25,7 @@ from pydantic import Field, model_validator
 
 from dpsynth_core.config import BATCH_CAP, NEW_TOKENS_CAP, StrictConfig, cap, load_config
 from dpsynth_core.errors import ConfigError
-from dpsynth_core.storage import RunDirPath, require_durable_run_dir
+from dpsynth_core.runs.storage import RunDirPath, require_durable_run_dir
 from ray_jobs.cluster import ensure_ray
 
 
@@ -52,7 +52,7 @@ class BatchGenerateConfig(StrictConfig):
     batch_size: Annotated[int, BATCH_CAP] = Field(16, gt=0)
     cpus_per_actor: float = Field(1.0, gt=0)
     gpus_per_actor: float = Field(0.0, ge=0)
-    # where each actor's model runs (dpsynth_core.devices): auto is the GPU when gpus_per_actor gives one
+    # where each actor's model runs (dpsynth_core.config.placement): auto is the GPU when gpus_per_actor gives one
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     shard_size: Annotated[int, cap(10_000_000, 'rows per output file')] = Field(1000, gt=0)
@@ -108,7 +108,7 @@ class GeneratorActor:
         ids = batch["id"]
         seed = self.config.seed + int(ids[0])  # post-processing seed: a batch's rows depend on its first id only
         if self.processor is not None:  # HF engine (engine_config forces it): generate under the processor
-            from dpsynth_core.generation import SamplingParams, sample_texts
+            from dpsynth_core.engines.hf_sampling import SamplingParams, sample_texts
 
             params = SamplingParams(max_new_tokens=self.config.max_new_tokens, temperature=self.config.temperature,
                                     top_p=self.config.top_p, seed=seed, chat=self.config.chat)
@@ -200,7 +200,7 @@ def main(config_path: Path, resume: bool = True) -> Path:
     config = load_config(config_path, BatchGenerateConfig)
     if not resume and config.output_dir.exists() and any(config.output_dir.glob("shard-*")):
         raise ConfigError(f"{config.output_dir}: already holds shards; remove it or run with resume")
-    from dpsynth_core.storage_sync import synced_run
+    from dpsynth_core.runs.storage_sync import synced_run
 
     with synced_run(config.output_dir):  # s3:// / gs://: shards already in the bucket are pulled (skipped)
         summary = run(config)

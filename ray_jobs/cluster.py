@@ -8,7 +8,7 @@ Every driver calls :func:`ensure_ray` instead of ``ray.init``:
   when given), quietly.
 
 It returns whether this call started Ray, so the caller shuts down only what it started.
-:func:`stage_options` turns a :class:`~dpsynth_core.resources.StageResources` into Ray task/actor
+:func:`stage_options` turns a :class:`~dpsynth_core.config.resources.StageResources` into Ray task/actor
 options that fit the cluster (or the enclosing Tune trial), and :func:`where_am_i` is what a stage
 records about the node it ran on.
 """
@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dpsynth_core.errors import ConfigError, DpsynthError
-from dpsynth_core.resources import StageResources
+from dpsynth_core.config.resources import StageResources
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 _JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in a submitted job's driver
@@ -44,8 +44,8 @@ def storage_env() -> dict[str, str]:
     """Where object-store runs live, for every stage's worker: endpoint, region, mirror root.
 
     Never credentials: each node takes those from its own environment / credential chain."""
-    from dpsynth_core.storage import MIRROR_ENV_VAR
-    from dpsynth_core.storage_sync import ENDPOINT_ENV
+    from dpsynth_core.runs.storage import MIRROR_ENV_VAR
+    from dpsynth_core.runs.storage_sync import ENDPOINT_ENV
 
     names = (*ENDPOINT_ENV, "AWS_REGION", "AWS_DEFAULT_REGION", "STORAGE_EMULATOR_HOST", MIRROR_ENV_VAR)
     return {k: os.environ[k] for k in names if os.environ.get(k)}
@@ -125,12 +125,12 @@ class StageLostError(DpsynthError):
 def stage_in_run_dir(fn, run_dir: str | Path):
     """``fn(cfg, root)`` made a Ray stage: its summary records where it ran (``ran_on``), and for an
     object-store run its node's mirror is pulled before and pushed after it (commit files last)."""
-    from dpsynth_core.storage import object_store_uri
+    from dpsynth_core.runs.storage import object_store_uri
 
     uri = object_store_uri(run_dir)  # computed here: the stage's node may have another mirror root
 
     def stage(cfg, root: str) -> dict:
-        from dpsynth_core.storage_sync import synced_run
+        from dpsynth_core.runs.storage_sync import synced_run
 
         with synced_run(root, uri=uri):
             summary = fn(cfg, root) or {}
@@ -150,7 +150,7 @@ def run_stage_task(task, *args, stage: str, run_dir: str):
     import ray
     from ray import exceptions as rx
 
-    from dpsynth_core.storage_sync import mirror_for
+    from dpsynth_core.runs.storage_sync import mirror_for
 
     mirror = mirror_for(run_dir)
     try:

@@ -14,7 +14,7 @@ import ray
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.pe.config import PLMConfig
 from dpsynth_core.pe.llm import LLM, GenerationParams, LocalLLM, OpenAICompatibleLLM, clean_completion, format_prompt
-from dpsynth_core.resources import StageResources
+from dpsynth_core.config.resources import StageResources
 from ray_jobs.cluster import OFFLINE_ENV, ensure_ray, stage_options
 
 

@@ -1,7 +1,7 @@
 """The WASP / Aug-PE driver shared by ``ray_jobs.wasp`` and ``ray_jobs.augpe``.
 
 Joins the cluster or embeds a local Ray when a PLM needs one (``pe_backends.make_llms``), keeps
-an object-store run directory in step with its bucket (``dpsynth_core.storage_sync``: pulled
+an object-store run directory in step with its bucket (``dpsynth_core.runs.storage_sync``: pulled
 before, pushed after every iteration and at the end; the ledger and each noisy vote are uploaded
 the moment they are written), and records where the run ran: ``RUN_DIR/ran_on.json`` lists, per
 submission, the driver's node (the vote loop: embeddings, DP votes, ledger) and each PLM's node and
@@ -16,12 +16,12 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from dpsynth_core.files import atomic_write_text
+from dpsynth_core.runs.files import atomic_write_text
 from dpsynth_core.pe.callbacks import Callback
 from dpsynth_core.pe.checkpoint import RunState
 from dpsynth_core.pe.pipeline import load_pe_config, run_pipeline
-from dpsynth_core.storage import require_durable_run_dir
-from dpsynth_core.storage_sync import RunMirror, synced_run
+from dpsynth_core.runs.storage import require_durable_run_dir
+from dpsynth_core.runs.storage_sync import RunMirror, synced_run
 from ray_jobs.pe_backends import make_llms, placement_of
 
 RAN_ON_FILE = "ran_on.json"

@@ -34,7 +34,7 @@ from pydantic import Field
 from dpsynth_core.config import StrictConfig, load_config
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.tuning import TuningPrivacy, check_sweep_allowed, draw_num_trials
-from dpsynth_core.tuning_space import Choice, Interval, SearchSpace
+from dpsynth_core.tuning.space import Choice, Interval, SearchSpace
 
 PIPELINES = ("actg", "dpfair", "wasp", "augpe")
 
@@ -88,7 +88,7 @@ def trial_config(base: dict, overrides: dict[str, Any], params: dict[str, Any], 
     config = copy.deepcopy(base)
     for key, value in {**overrides, **params}.items():
         set_dotted(config, key, value)
-    config.pop("run_dir", None)  # the old key name (config_keys); a base config may use either
+    config.pop("run_dir", None)  # the old key name (config/keys.py); a base config may use either
     config["output_dir"] = str(run_dir)
     return config
 
@@ -97,7 +97,7 @@ def base_for_trials(base_path: Path) -> dict:
     """The base config with its relative input paths (``schema_path``, ``data.path`` ...) made absolute,
     next to the base config else in the current directory, as ``load_config`` finds them: a trial's
     config is written to the trials directory and runs in Tune's trial directory, where neither holds."""
-    from dpsynth_core.config_paths import resolve_input_paths
+    from dpsynth_core.config.paths import resolve_input_paths
 
     base = yaml.safe_load(base_path.read_text()) or {}
     return resolve_input_paths(resolve_input_paths(base, base_path.parent), Path.cwd())

@@ -3,7 +3,7 @@
 Order matters; everything up to the budget check runs before any trial (and before K is drawn):
 
 1. the ranking metric is private-free, search is random and FIFO (``check_sweep_allowed``);
-2. the selection cost is bounded over the whole search space (``tuning_plan.bound_sweep``) and
+2. the selection cost is bounded over the whole search space (``tuning.plan.bound_sweep``) and
    refused if over ``privacy.epsilon_budget``;
 3. K and the K configurations are drawn from OS entropy; the trials run on Tune under random
    experiment, trial and directory names, silently even with ``DPSYNTH_VERBOSE=1`` (Tune's banner
@@ -39,9 +39,9 @@ from typing import Any
 
 from dpsynth_core.errors import BudgetExceededError
 from dpsynth_core.tuning import draw_num_trials
-from dpsynth_core.tuning_plan import SweepBound, bound_sweep, planner_for
-from dpsynth_core.tuning_release import has_release, release_best, remove_trial
-from dpsynth_core.tuning_space import SearchSpace, draw_configurations
+from dpsynth_core.tuning.plan import SweepBound, bound_sweep, planner_for
+from dpsynth_core.tuning.release import has_release, release_best, remove_trial
+from dpsynth_core.tuning.space import SearchSpace, draw_configurations
 from ray_jobs.sweep import TRIAL_PARAMS, SweepConfig, library_space, make_trainable, start_ray, trial_config
 
 

@@ -18,9 +18,9 @@ from serving.schemas import RequestLimitError, SequenceJob, SequenceOutput, trun
 
 def load_model(model: str, adapter: str | None, *, dtype: str = "auto", merge_adapter: bool = True,
                device: str = "auto"):
-    """``(model, tokenizer)`` from the registry on the replica's placement (``devices``), with a
+    """``(model, tokenizer)`` from the registry on the replica's placement (``dpsynth_core.config.placement``), with a
     peft LoRA adapter applied if given."""
-    from dpsynth_core.devices import place_model, resolve_placement
+    from dpsynth_core.config.placement import place_model, resolve_placement
     from dpsynth_core.models import load_causal_lm
 
     placement = resolve_placement(device, dtype)

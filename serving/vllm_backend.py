@@ -15,7 +15,7 @@ from serving.schemas import RequestLimitError, SequenceJob, SequenceOutput, trun
 
 
 def _on_cuda() -> bool:
-    from dpsynth_core.devices import gpu_visible
+    from dpsynth_core.config.placement import gpu_visible
 
     return gpu_visible()
 

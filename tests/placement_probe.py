@@ -20,7 +20,7 @@ class LoaderReached(Exception):
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """``devices.gpu_visible()`` says yes; ``load_causal_lm`` stops the stage with LoaderReached."""
-    import dpsynth_core.devices as devices
+    import dpsynth_core.config.placement as devices
     import dpsynth_core.models as models
 
     monkeypatch.setattr(devices, "gpu_visible", lambda: True)

@@ -34,7 +34,7 @@ def config_classes() -> list[type[BaseModel]]:
 
 def size_knobs(cls: type[BaseModel], prefix: str = "") -> list[str]:
     """Dotted paths of the numeric fields of ``cls`` (and nested configs) named like a size."""
-    from dpsynth_core.config import _config_types
+    from dpsynth_core.config.strict import _config_types
 
     out = []
     for name, field in cls.model_fields.items():

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from dpsynth_core.config import load_config
-from dpsynth_core.config_keys import renamed_keys
+from dpsynth_core.config.keys import renamed_keys
 from dpsynth_core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent

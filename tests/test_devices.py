@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from dpsynth_core.devices import place_model, ray_num_gpus, resolve_placement
+from dpsynth_core.config.placement import place_model, ray_num_gpus, resolve_placement
 from dpsynth_core.dpsgd.config import DpSgdConfig, TrainExample
 from dpsynth_core.dpsgd.engine import build_lora_model
 from dpsynth_core.errors import ConfigError
@@ -86,7 +86,7 @@ def test_ray_gpu_request_follows_the_knob():
 def test_cpu_placement_does_not_initialise_cuda():
     code = (
         "import torch\n"
-        "from dpsynth_core.devices import resolve_placement, place_model\n"
+        "from dpsynth_core.config.placement import resolve_placement, place_model\n"
         "p = resolve_placement('auto', 'auto')\n"
         "place_model(torch.nn.Linear(2, 2), p)\n"
         "assert p.device == 'cpu' and not torch.cuda.is_initialized()\n"

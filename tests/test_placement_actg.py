@@ -1,5 +1,5 @@
 """Issue 15.1, ACTG side: the DP generator's sampling, Best-of-N / reward scoring (LM judge) and the
-anchored RL policy each take ``device``/``dtype`` and resolve them through ``dpsynth_core.devices``
+anchored RL policy each take ``device``/``dtype`` and resolve them through ``dpsynth_core.config.placement``
 at the stage's entry, before a file is read."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Issue 15.1, generation side: the engines (HF and vLLM's device choice), Serve replicas and the
-Ray Data batch generator take ``device``/``dtype`` and go through ``dpsynth_core.devices``."""
+Ray Data batch generator take ``device``/``dtype`` and go through ``dpsynth_core.config.placement``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Issue 15.1, WASP / Aug-PE PLMs and DPFairLLM: each stage that runs a model takes ``device``/``dtype``,
-resolves it through ``dpsynth_core.devices`` before the private data is read, and asks Ray for a GPU
+resolves it through ``dpsynth_core.config.placement`` before the private data is read, and asks Ray for a GPU
 when its config says ``cuda``."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import pytest
 
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.privacy import GaussianEvent, PrivacyLedger
-from dpsynth_core.release import copy_release, verify_release, write_release
+from dpsynth_core.runs.release import copy_release, verify_release, write_release
 
 
 @pytest.fixture()

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from dpsynth_core.run_lock import LOCK_FILE, RunLock, RunLockedError, locked_run
+from dpsynth_core.runs.lock import LOCK_FILE, RunLock, RunLockedError, locked_run
 
 REPO = Path(__file__).resolve().parent.parent
 TRY_LOCK = """
     import sys
-    from dpsynth_core.run_lock import RunLock, RunLockedError
+    from dpsynth_core.runs.lock import RunLock, RunLockedError
     try:
         RunLock(sys.argv[1]).acquire()
     except RunLockedError as exc:

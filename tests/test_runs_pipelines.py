@@ -1,4 +1,4 @@
-"""One rerun rule (runs.py) and one run lock (run_lock.py) in ACTG and WASP / Aug-PE: a finished run
+"""One rerun rule (runs/run_dir.py) and one run lock (runs/lock.py) in ACTG and WASP / Aug-PE: a finished run
 says so and runs nothing, a changed config is refused naming the keys, a locked run is refused.
 No model runs here: the finished and refused paths stop before any stage."""
 
@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from dpsynth_core.errors import ConfigError
-from dpsynth_core.run_lock import RunLockedError
+from dpsynth_core.runs.lock import RunLockedError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -41,7 +41,7 @@ def test_actg_changed_config_is_refused_naming_the_keys_and_test_knobs_are_not_i
 
 def test_actg_finished_run_says_so_and_runs_nothing(tmp_path, capsys):
     from dpsynth_core.actg.pipeline import RunDir, prepare_run_dir, run_pipeline
-    from dpsynth_core.release import release_dir
+    from dpsynth_core.runs.release import release_dir
 
     cfg = _actg(tmp_path)
     root = prepare_run_dir(cfg, resume=True)
@@ -81,7 +81,7 @@ def test_actg_and_pe_refuse_a_run_locked_by_another_process(tmp_path):
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent("""
             import sys
-            from dpsynth_core.run_lock import RunLock
+            from dpsynth_core.runs.lock import RunLock
             with RunLock(sys.argv[1]), RunLock(sys.argv[2]):
                 print("held", flush=True)
                 sys.stdin.readline()

@@ -18,7 +18,7 @@ from dpsynth_core.config import load_config
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.pe.config import PEConfig
 from dpsynth_core.privacy import PrivacyLedger
-from dpsynth_core.storage import MIRROR_ENV_VAR, mirror_root, object_store_uri
+from dpsynth_core.runs.storage import MIRROR_ENV_VAR, mirror_root, object_store_uri
 
 PE = {"method": "augpe", "data": {"classes": ["a", "b"]}}
 CLASSES = ["neuroscience", "bioinformatics", "microbiology"]
@@ -81,7 +81,7 @@ def test_gs_uses_pyarrows_gcs_filesystem(monkeypatch):
     """What can be checked offline for gs:// (no GCS emulator here): the filesystem and path chosen."""
     from pyarrow import fs
 
-    from dpsynth_core.storage_sync import filesystem_for
+    from dpsynth_core.runs.storage_sync import filesystem_for
 
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:4443")
     gcs, base = filesystem_for("gs://bucket/runs/x")
@@ -100,7 +100,7 @@ def _stage_dir(root: Path) -> None:
 def test_push_uploads_commit_files_last_so_a_crash_never_shows_a_stage_without_its_files(s3):
     """The upload of an output fails half-way through a push (the driver died): the bucket has no
     marker for the stage; the next push completes it, marker included."""
-    from dpsynth_core.storage_sync import RunMirror, filesystem_for
+    from dpsynth_core.runs.storage_sync import RunMirror, filesystem_for
 
     bucket, keys = s3
     uri = f"s3://{bucket}/runs/a"
@@ -139,7 +139,7 @@ def test_a_stale_mirror_never_overwrites_newer_ledger_charges(s3):
     """Two mirrors of one run (two writers): the one that did not see the other's ledger record is
     refused, so the bucket's ledger keeps every charge; a deleted secret checkpoint leaves the bucket."""
     from dpsynth_core.privacy import GaussianEvent
-    from dpsynth_core.storage_sync import RunMirror, StorageConflictError
+    from dpsynth_core.runs.storage_sync import RunMirror, StorageConflictError
 
     bucket, keys = s3
     uri = f"s3://{bucket}/runs/ledger"
@@ -166,7 +166,7 @@ def test_a_stale_mirror_never_overwrites_newer_ledger_charges(s3):
 def test_owner_only_state_and_seed_bearing_checkpoints_never_reach_the_bucket(s3):
     """DPFairLLM's drawn row indices (owner_only/) and DP-SGD checkpoints (the secret sampling seed:
     a stage's checkpoint/, Ray Train's ray_train/) stay in the local mirror; outputs are uploaded."""
-    from dpsynth_core.storage_sync import RunMirror
+    from dpsynth_core.runs.storage_sync import RunMirror
 
     bucket, keys = s3
     uri = f"s3://{bucket}/runs/secrets"

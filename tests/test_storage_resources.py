@@ -9,8 +9,8 @@ import pytest
 from dpsynth_core.actg.pipeline import ActgConfig
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.pe.config import PEConfig
-from dpsynth_core.resources import PipelineResources
-from dpsynth_core.storage import JOB_ENV_VAR, require_durable_run_dir
+from dpsynth_core.config.resources import PipelineResources
+from dpsynth_core.runs.storage import JOB_ENV_VAR, require_durable_run_dir
 
 PE = {"method": "augpe", "data": {"classes": ["a", "b"]}}
 

@@ -15,7 +15,7 @@ import yaml
 from dpsynth_core.config import load_config
 from dpsynth_core.errors import BudgetExceededError, ConfigError
 from dpsynth_core.privacy import GaussianEvent, PostProcessingEvent, PrivacyLedger, ZCdpEvent
-from dpsynth_core.tuning_plan import TrialPlan
+from dpsynth_core.tuning.plan import TrialPlan
 from ray_jobs.sweep import SweepConfig, run
 
 
@@ -44,7 +44,7 @@ def _private_config(tmp_path, metric="ifacc.after_rl", budget=30.0, mean=3.0):
 
 def end_like_a_real_trial(run_dir: Path, ledger) -> None:
     """What a pipeline leaves: its DP output, ``release/`` stating the trial's own ledger, metrics."""
-    from dpsynth_core.release import write_release
+    from dpsynth_core.runs.release import write_release
 
     (run_dir / "synthetic.jsonl").write_text('{"text": "t"}\n')
     write_release(run_dir, {"synthetic.jsonl": run_dir / "synthetic.jsonl"}, ledger=ledger, method="fake trial")
@@ -171,7 +171,7 @@ def test_dp_sweep_releases_only_the_best_trial_with_the_selection_in_its_ledger(
 
 def test_dp_sweep_releases_nothing_when_a_trial_spent_outside_the_plan(tmp_path, fake_trials, monkeypatch):
     import ray_jobs.sweep_private as sp
-    from dpsynth_core.tuning_release import UncoveredTrialError
+    from dpsynth_core.tuning.release import UncoveredTrialError
 
     launch = sp.launch_trials
     # far above any point of the space (rho = 1 was covered by the worst cell for some draws: a flaky test)
@@ -217,7 +217,7 @@ def test_shipped_private_sweep_config_passes_the_pre_launch_checks_that_need_no_
 # --------------------------------------------------------------------------------------------
 def test_dp_sweep_publishes_the_selection_epsilon_in_the_rebuilt_release(tmp_path, fake_trials, monkeypatch):
     import ray_jobs.sweep_private as sp
-    from dpsynth_core.release import copy_release, verify_release
+    from dpsynth_core.runs.release import copy_release, verify_release
     from dpsynth_core.tuning import single_trial_epsilon
 
     monkeypatch.setattr(sp, "draw_num_trials", lambda privacy: 3)
@@ -247,7 +247,7 @@ def test_release_is_refused_when_its_manifest_and_the_run_ledger_disagree(tmp_pa
     from typer.testing import CliRunner
 
     from dpsynth_core.cli.main import _app
-    from dpsynth_core.release import verify_release
+    from dpsynth_core.runs.release import verify_release
 
     run_dir = tmp_path / "run"
     ledger = PrivacyLedger.create(run_dir, dataset="d", epsilon_budget=10.0, delta=1e-5)
@@ -292,7 +292,7 @@ def test_a_trial_that_failed_before_its_ledger_leaves_no_other_trial_on_disk(tmp
     released = Path(summary["released"])
     assert sorted(p.name for p in (tmp_path / "sweep" / "trials").iterdir()) == [released.name, f"{released.name}.yaml"]
     # and if the release itself fails, no trial's own release is left to publish
-    monkeypatch.setattr("dpsynth_core.tuning_release.rebuild_release",
+    monkeypatch.setattr("dpsynth_core.tuning.release.rebuild_release",
                         lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
     (tmp_path / "again").mkdir()
     with pytest.raises(OSError, match="disk full"):
@@ -309,7 +309,7 @@ def test_dp_sweep_on_real_tune_is_silent_leaves_no_staging_and_keeps_a_trial_who
     import sys
 
     import ray_jobs.sweep_private as sp
-    from dpsynth_core.release import verify_release
+    from dpsynth_core.runs.release import verify_release
     from ray import cloudpickle, tune
     from ray_jobs.sweep import run_trial
 

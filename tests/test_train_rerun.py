@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from dpsynth_core.cli.train import app
 from dpsynth_core.errors import BudgetExceededError, ConfigError
 from dpsynth_core.privacy import PrivacyLedger
-from dpsynth_core.run_lock import RunLock, RunLockedError
+from dpsynth_core.runs.lock import RunLock, RunLockedError
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = {"model": "tiny-llama", "epsilon": 2.0, "steps": 1, "expected_batch_size": 4, "max_seq_len": 16,
@@ -78,7 +78,7 @@ def test_a_second_process_on_a_locked_run_is_refused_naming_the_holder(tmp_path)
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys
-            from dpsynth_core.run_lock import RunLock
+            from dpsynth_core.runs.lock import RunLock
             with RunLock({str(tmp_path / 'run')!r}):
                 print("held", flush=True)
                 sys.stdin.readline()

@@ -13,8 +13,8 @@ from dpsynth_core.tuning import (
     repeat_and_select_epsilon,
     single_trial_epsilon,
 )
-from dpsynth_core.tuning_plan import TrialPlan, bound_sweep
-from dpsynth_core.tuning_space import Choice, Interval, draw_configurations
+from dpsynth_core.tuning.plan import TrialPlan, bound_sweep
+from dpsynth_core.tuning.space import Choice, Interval, draw_configurations
 
 TRIAL = [ZCdpEvent(rho=0.05), DpSgdEvent(noise_multiplier=1.0, sampling_rate=0.01, steps=500)]
 
@@ -57,7 +57,7 @@ def test_private_sweep_ranked_by_a_metric_that_reads_private_data_is_refused(pip
 
 
 def test_private_free_metrics_are_accepted_and_public_sweeps_rank_by_anything():
-    from dpsynth_core.tuning_metrics import metric_privacy
+    from dpsynth_core.tuning.metrics import metric_privacy
 
     for metric in ("ifacc.after_rl", "ifacc.best_of_n", "ifacc.after_rl_per_field.topic", "synthetic_stats.distinct_2"):
         assert metric_privacy("actg", metric) == "private-free"

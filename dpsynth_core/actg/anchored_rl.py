@@ -116,12 +116,12 @@ class AnchoredRLConfig(StrictConfig):
     # plain torch below (no Trainer machinery; its accelerate path is the ZeRO-3 route).
     engine: Literal["trl", "torch"] = "trl"
     use_accelerate: bool = False  # engine "torch" on GPU clusters: DeepSpeed ZeRO-3 via accelerate (unmeasured here)
-    # where the policy trains (dpsynth_core.devices); LoRA weights stay fp32 under a bf16 base
+    # where the policy trains (dpsynth_core.config.placement); LoRA weights stay fp32 under a bf16 base
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "bf16", "fp32"] = "auto"
 
     def placement(self):
-        from dpsynth_core.devices import resolve_placement
+        from dpsynth_core.config.placement import resolve_placement
 
         return resolve_placement(self.device, self.dtype, section="rl.")
 
@@ -302,11 +302,11 @@ def anchored_rl_step(policy, tokenizer, optimizer, *, prompts: Sequence[str], ta
 def load_trainable_policy(base_model: str, adapter_dir: Path, with_reference: bool = False, placement=None):
     """The DP generator (base + LoRA adapter) with its LoRA weights trainable; ``with_reference``
     adds a frozen copy of the DP adapter named "ref" (the KL reference of the torch engine; trl
-    makes the same copy itself). ``placement`` (``devices.Placement``; default CPU fp32) puts it
+    makes the same copy itself). ``placement`` (``config.placement.Placement``; default CPU fp32) puts it
     on its device, the trainable LoRA weights in fp32."""
     from peft import PeftModel
 
-    from dpsynth_core.devices import place_model, resolve_placement
+    from dpsynth_core.config.placement import place_model, resolve_placement
     from dpsynth_core.models import load_causal_lm
 
     placement = placement or resolve_placement("cpu")

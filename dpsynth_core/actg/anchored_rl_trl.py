@@ -92,7 +92,7 @@ def train_with_trl(policy, tokenizer, *, prompts: list[str], targets: list[dict]
         max_completion_length=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
         learning_rate=config.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
         max_grad_norm=config.max_grad_norm, beta=config.beta, normalize_advantages=False,
-        # the stage's placement (devices.py), not whatever torch sees: a config can keep RL on the CPU
+        # the stage's placement (config/placement.py), not whatever torch sees: a config can keep RL on the CPU
         use_cpu=not on_gpu, bf16=on_gpu and placement.dtype == "bf16",
         report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=not progress,
         remove_unused_columns=False, dataloader_num_workers=0,

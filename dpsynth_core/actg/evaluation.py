@@ -150,7 +150,7 @@ def evaluate_run(cfg, root: str) -> dict:
 def _evaluate_run(cfg, root: str) -> dict:
     from dpsynth_core.actg.extractors import build_extractor
     from dpsynth_core.actg.pipeline import RunDir, _schema, _threads, read_jsonl
-    from dpsynth_core.files import atomic_write_text
+    from dpsynth_core.runs.files import atomic_write_text
     from dpsynth_core.privacy import PrivacyLedger
 
     _threads(cfg)

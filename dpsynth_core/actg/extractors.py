@@ -371,7 +371,7 @@ class ExtractorConfig(StrictConfig):
     model_dir: str | None = None  # supervised: the saved reward model (written by the reward_model stage)
     # lm
     max_text_tokens: Annotated[int, SEQ_LEN_CAP] = Field(256, ge=1)
-    # lm: where the scoring model runs (dpsynth_core.devices); auto is the GPU when the stage sees one
+    # lm: where the scoring model runs (dpsynth_core.config.placement); auto is the GPU when the stage sees one
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "bf16", "fp32"] = "auto"
     # embedding
@@ -410,7 +410,7 @@ def build_extractor(config: ExtractorConfig | dict | str, schema: AttributeSchem
     if config.kind == "embedding":
         return EmbeddingExtractor(schema, embedder=config.model or "minilm", option_template=config.option_template)
     if config.kind == "lm":
-        from dpsynth_core.devices import resolve_placement
+        from dpsynth_core.config.placement import resolve_placement
 
         return LMChoiceExtractor(schema, model=model_obj or config.model or "smollm2-135m-instruct",
                                  max_text_tokens=config.max_text_tokens,

@@ -37,7 +37,7 @@ class GenerationSettings(StrictConfig):
     seed: int = 0
     # auto: vLLM where installed and it runs the model, else HF batched generate (one log line says so)
     engine: Literal["auto", "vllm", "hf"] = "auto"
-    # where the generator runs (dpsynth_core.devices): auto is the GPU when the stage sees one
+    # where the generator runs (dpsynth_core.config.placement): auto is the GPU when the stage sees one
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
 
@@ -148,7 +148,7 @@ def generate_texts(model, tokenizer, prompts: Sequence[str], settings: Generatio
     import torch
     from tqdm.auto import tqdm
 
-    from dpsynth_core.generation import SamplingParams, sample_texts
+    from dpsynth_core.engines.hf_sampling import SamplingParams, sample_texts
 
     flat = [p for p in prompts for _ in range(n)]
     out_flat: list[str] = []

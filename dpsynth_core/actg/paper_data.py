@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpsynth_core.files import atomic_write_text
+from dpsynth_core.runs.files import atomic_write_text
 
 PAPER_DATA_DIR = Path("data") / "actg_paper"
 PUBLIC_FILE, PRIVATE_FILE = "public_labeled.csv", "private.csv"

@@ -54,13 +54,13 @@ from dpsynth_core.actg.stages_post import (stage_anchored_rl, stage_best_of_n, s
                                            stage_synthesize)
 from dpsynth_core.config import OUTPUT_ROWS_CAP, THREADS_CAP, StrictConfig, cap, load_config
 from dpsynth_core.errors import ConfigError
-from dpsynth_core.files import atomic_write_text
+from dpsynth_core.runs.files import atomic_write_text
 from dpsynth_core.privacy.randomness import refuse_test_only_knobs
-from dpsynth_core.release import release_dir
-from dpsynth_core.resources import PipelineResources
-from dpsynth_core.run_lock import locked_run
+from dpsynth_core.runs.release import release_dir
+from dpsynth_core.config.resources import PipelineResources
+from dpsynth_core.runs.lock import locked_run
 from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir
-from dpsynth_core.storage import RunDirPath
+from dpsynth_core.runs.storage import RunDirPath
 
 STAGES_ACTG = ["schema", "reward_model", "private", "generate", "best_of_n", "anchored_rl", "synthesize", "evaluate"]
 STAGES_VANILLA = ["private", "synthesize", "evaluate"]
@@ -314,7 +314,7 @@ def local_runner(fn: Callable[..., dict], *args, isolated: bool = False) -> dict
 
 
 def prepare_run_dir(cfg: ActgConfig, resume: bool) -> Path:
-    """Create, reopen or (``resume=False``) replace the run directory: the rerun rule of ``runs.py``
+    """Create, reopen or (``resume=False``) replace the run directory: the rerun rule of ``runs/run_dir.py``
     (``stop_after_stage`` is a test knob, not part of the run's identity)."""
     return open_run_dir(cfg.resolved_run_dir(), cfg.model_dump(mode="json"), resume=resume,
                         ignore=("stop_after_stage",))
@@ -338,7 +338,7 @@ def open_or_create_ledger(cfg: ActgConfig, root: Path):
     return ledger
 
 
-@locked_run(lambda cfg, **_: cfg.resolved_run_dir())  # one process per run (run_lock.py)
+@locked_run(lambda cfg, **_: cfg.resolved_run_dir())  # one process per run (runs/lock.py)
 def run_pipeline(cfg: ActgConfig, *, resume: bool = True, runner: Runner = local_runner) -> Path:
     """Run every stage not yet completed; return the run directory."""
     root = prepare_run_dir(cfg, resume)
@@ -367,7 +367,7 @@ def _write_release(cfg: ActgConfig, rd: RunDir) -> None:
     """release/: the synthetic texts, the DP features and adapters, the schema and the ledger --
     not the metrics, plots, candidates or anchors (owner-side or intermediate)."""
     from dpsynth_core.privacy import PrivacyLedger
-    from dpsynth_core.release import write_release
+    from dpsynth_core.runs.release import write_release
 
     items = {"synthetic.jsonl": rd.synthetic}
     if cfg.generator_mode == "dp_ft":

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 from dpsynth_core.config import format_validation_error
 from dpsynth_core.errors import ConfigError, DataError
-from dpsynth_core.files import atomic_write_text
+from dpsynth_core.runs.files import atomic_write_text
 
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 MAX_OPTION_CHARS = 200

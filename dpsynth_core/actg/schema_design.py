@@ -103,7 +103,7 @@ class LocalLMBackend:
     """``generate(prompt)`` with a local causal LM from the registry (chat template, greedy)."""
 
     def __init__(self, name: str = "smollm2-135m-instruct", max_new_tokens: int = 768, device: str = "auto") -> None:
-        from dpsynth_core.devices import resolve_placement
+        from dpsynth_core.config.placement import resolve_placement
         from dpsynth_core.models import load_causal_lm
 
         self.model, self.tokenizer = load_causal_lm(name, placement=resolve_placement(device))

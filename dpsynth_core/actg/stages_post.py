@@ -74,7 +74,7 @@ def stage_generate(cfg, root: str) -> dict:
     from dpsynth_core.actg.best_of_n import record_post_processing
     from dpsynth_core.actg.generator import generate_texts, open_generator
     from dpsynth_core.actg.pipeline import _prompts, write_jsonl
-    from dpsynth_core.devices import resolve_placement
+    from dpsynth_core.config.placement import resolve_placement
     from dpsynth_core.privacy import PrivacyLedger
 
     resolve_placement(cfg.generation.device, cfg.generation.dtype, section="generation.")  # before any file
@@ -101,7 +101,7 @@ def stage_best_of_n(cfg, root: str) -> dict:
     from dpsynth_core.actg.best_of_n import BestOfNResult, best_of_n_via_serve, record_post_processing, select_best
     from dpsynth_core.actg.extractors import build_extractor
     from dpsynth_core.actg.pipeline import _prompts, read_jsonl, write_jsonl
-    from dpsynth_core.devices import resolve_placement
+    from dpsynth_core.config.placement import resolve_placement
     from dpsynth_core.privacy import PrivacyLedger
 
     reward = cfg.reward_config(root)

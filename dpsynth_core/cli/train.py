@@ -17,7 +17,7 @@ from dpsynth_core.config import StrictConfig
 from dpsynth_core.dpsgd.config import DpSgdConfig
 from dpsynth_core.dpsgd.sources import TableExampleSource
 from dpsynth_core.errors import ConfigError
-from dpsynth_core.run_lock import RunLock
+from dpsynth_core.runs.lock import RunLock
 from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir, refuse_changed_config
 
 app = typer.Typer(help="DP-SGD LoRA fine-tuning on Ray Train.", no_args_is_help=True)
@@ -79,7 +79,7 @@ def build_examples(spec: TrainDataSpec, config_path: Path):
 
 
 def already_finished(root: Path, snapshot: dict, stage: str) -> bool:
-    """The rerun rule (runs.py): another config in ``root`` is refused, naming the changed keys; a
+    """The rerun rule (runs/run_dir.py): another config in ``root`` is refused, naming the changed keys; a
     finished run says so (True) and is not trained again."""
     if refuse_changed_config(root, snapshot, EXECUTION_ONLY) and StageMarkers(root).done(stage):
         announce_finished(root)
@@ -173,7 +173,7 @@ def run_training(job: TrainJobConfig, config: Path, source: TableExampleSource, 
         f"[green]done[/green]: {result.steps} steps, epsilon={result.epsilon:.4f} at delta={result.delta:.3g} "
         f"(noise multiplier {result.noise_multiplier:.4f}, sampling rate {result.sampling_rate:.4g})"
     )
-    from dpsynth_core.release import write_release
+    from dpsynth_core.runs.release import write_release
 
     # Publishable: the adapter (with its privacy summary) and the ledger; the loss curve is owner-only.
     items = {"adapter": result.adapter_dir, **({"merged": result.merged_dir} if result.merged_dir else {})}

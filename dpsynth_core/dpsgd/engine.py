@@ -26,7 +26,7 @@ from dpsynth_core.dpsgd.clipping import PerSampleClipper, make_clipper
 from dpsynth_core.dpsgd.config import DpSgdConfig, LoraSettings, TrainExample
 from dpsynth_core.dpsgd.data import collate, per_example_loss, tokenize_examples
 from dpsynth_core.dpsgd.sampling import PoissonSampler, PrivacyUnits, physical_chunks, select_examples
-from dpsynth_core.devices import Placement, resolve_placement
+from dpsynth_core.config.placement import Placement, resolve_placement
 from dpsynth_core.errors import ConfigError
 
 PenaltyFn = Callable[[torch.Tensor, dict], torch.Tensor]
@@ -111,7 +111,7 @@ def attach_lora(model: nn.Module, config: DpSgdConfig, placement: Placement) -> 
     """A fresh peft LoRA adapter on ``model`` (already placed), trainable in fp32, all else frozen."""
     from peft import LoraConfig, get_peft_model
 
-    from dpsynth_core.devices import place_model
+    from dpsynth_core.config.placement import place_model
 
     check_target_modules(model, config.lora, config.model)
     model.config.use_cache = False

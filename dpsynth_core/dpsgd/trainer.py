@@ -37,7 +37,7 @@ from dpsynth_core.dpsgd.checkpoint import (
 from dpsynth_core.dpsgd.config import DpSgdConfig, TrainExample, TrainResult
 from dpsynth_core.dpsgd.sources import ExampleSource, as_source
 from dpsynth_core.errors import ConfigError
-from dpsynth_core.files import atomic_dir
+from dpsynth_core.runs.files import atomic_dir
 
 ADAPTER_DIRNAME = "adapter"
 MERGED_DIRNAME = "merged"
@@ -262,7 +262,7 @@ def _train(source: ExampleSource, config: DpSgdConfig, *, output_dir: Path, ledg
 
     from dpsynth_core.dpsgd.engine import DpSgdEngine
 
-    from dpsynth_core.devices import resolve_placement
+    from dpsynth_core.config.placement import resolve_placement
 
     resolve_placement(config.device, config.dtype)  # device: cuda without a GPU fails before the data is read
     if config.torch_threads:

@@ -27,9 +27,9 @@ def lora_rank(adapter_dir: Path) -> int:
 
 
 def load_hf_model(model: str, adapter_dir: Path | None, placement):
-    """(model, tokenizer) in eval mode on ``placement`` (``devices.Placement``): the base, the base
+    """(model, tokenizer) in eval mode on ``placement`` (``config.placement.Placement``): the base, the base
     with the LoRA adapter, or a merged model."""
-    from dpsynth_core.devices import place_model
+    from dpsynth_core.config.placement import place_model
     from dpsynth_core.models import load_causal_lm, load_tokenizer
 
     if adapter_dir is None:
@@ -47,8 +47,8 @@ def load_hf_model(model: str, adapter_dir: Path | None, placement):
 
 def merge_adapter(model: str, adapter_dir: Path, out: Path) -> Path:
     """Base + LoRA merged into one plain HF directory (float32, with tokenizer) at ``out``."""
-    from dpsynth_core.devices import Placement
-    from dpsynth_core.files import atomic_dir
+    from dpsynth_core.config.placement import Placement
+    from dpsynth_core.runs.files import atomic_dir
 
     def build(staging: Path) -> None:
         # merged on CPU in fp32: a one-off copy that vLLM then loads in its own dtype

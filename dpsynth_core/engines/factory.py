@@ -47,15 +47,15 @@ def _vllm_architectures() -> frozenset[str]:
 
 
 def _on_cuda() -> bool:
-    from dpsynth_core.devices import gpu_visible
+    from dpsynth_core.config.placement import gpu_visible
 
     return gpu_visible()
 
 
 def engine_placement(config: EngineConfig):
-    """Where the HF backend puts the model (``devices.resolve_placement`` of the config's knobs);
+    """Where the HF backend puts the model (``config.placement.resolve_placement`` of the config's knobs);
     ``device: cuda`` without a visible GPU is the ConfigError, before anything loads."""
-    from dpsynth_core.devices import resolve_placement
+    from dpsynth_core.config.placement import resolve_placement
 
     return resolve_placement(config.device, config.dtype)
 

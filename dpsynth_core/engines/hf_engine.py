@@ -1,4 +1,4 @@
-"""The Hugging Face backend: batched ``generate`` through ``dpsynth_core.generation.sample_texts``.
+"""The Hugging Face backend: batched ``generate`` through ``dpsynth_core.engines.hf_sampling.sample_texts``.
 
 The fallback where vLLM is not installed or does not support the model (tiny test models), and
 the reference the vLLM backend is checked against.
@@ -31,7 +31,7 @@ class HFEngine(TextEngine):
         self.model, self.tokenizer = load_hf_model(config.model, config.adapter_dir, self.placement)
 
     def run(self, prompts: Sequence[str], params: SamplingParams) -> GenerationBatch:
-        from dpsynth_core import generation
+        from dpsynth_core.engines import hf_sampling
 
         if params.regex is not None:
             raise ConfigError("regex-constrained sampling needs the vllm engine (HF constrains rows with "
@@ -45,11 +45,11 @@ class HFEngine(TextEngine):
         start = time.perf_counter()
         size = self.config.hf_batch_size
         for index, first in enumerate(range(0, len(jobs), size)):
-            chunk_params = generation.SamplingParams(
+            chunk_params = hf_sampling.SamplingParams(
                 max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
                 seed=(base_seed + index) % 2**63, chat=params.chat,
             )
-            chunk = generation.sample_texts(self.model, self.tokenizer, jobs[first:first + size], chunk_params)
+            chunk = hf_sampling.sample_texts(self.model, self.tokenizer, jobs[first:first + size], chunk_params)
             texts.extend(cut_at_stop(t, params.stop).strip() for t in chunk)
             finished_at.extend([time.perf_counter() - start] * len(chunk))
         latencies = [max(finished_at[i * params.n:(i + 1) * params.n]) for i in range(len(prompts))]

@@ -114,7 +114,7 @@ class VLLMEngine(TextEngine):
             _in_process_engines += 1
 
     def _prompt_ids(self, prompts: Sequence[str], chat: bool) -> list[dict]:
-        from dpsynth_core.generation import format_prompts
+        from dpsynth_core.engines.hf_sampling import format_prompts
 
         texts = format_prompts(self.tokenizer, prompts, chat)
         encoded = self.tokenizer(texts, add_special_tokens=not chat)["input_ids"]

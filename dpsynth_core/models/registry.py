@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpsynth_core.errors import ConfigError
-from dpsynth_core.files import atomic_dir
+from dpsynth_core.runs.files import atomic_dir
 
 DEFAULT_CAUSAL_LM = "smollm2-135m-instruct"
 DEFAULT_EMBEDDER = "minilm"
@@ -270,7 +270,7 @@ def load_tokenizer(name: str):
 def load_causal_lm(name: str = DEFAULT_CAUSAL_LM, *, dtype=None, placement=None):
     """Load ``(model, tokenizer)`` in eval mode. Tokenizer pads on the left and has a pad token.
 
-    ``placement`` (``dpsynth_core.devices.Placement``) puts the model on its device in its dtype;
+    ``placement`` (``dpsynth_core.config.placement.Placement``) puts the model on its device in its dtype;
     without it: CPU, ``dtype`` or fp32."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dpsynth_core.errors import DataError
-from dpsynth_core.files import atomic_write_text
+from dpsynth_core.runs.files import atomic_write_text
 from dpsynth_core.pe.population import Population
 
 
@@ -88,6 +88,6 @@ class VoteStore:
 
     def save(self, iteration: int, noisy: list[float], size: int) -> None:
         atomic_write_text(self._path(iteration), json.dumps({"size": int(size), "noisy": list(map(float, noisy))}))
-        from dpsynth_core.storage_sync import make_durable  # object-store runs: in the bucket before it is used
+        from dpsynth_core.runs.storage_sync import make_durable  # object-store runs: in the bucket before it is used
 
         make_durable(self.folder.parent, self._path(iteration))

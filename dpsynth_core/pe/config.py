@@ -12,8 +12,8 @@ from dpsynth_core.config import (
 )
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.privacy.reference_runs import is_infinite
-from dpsynth_core.resources import StageResources
-from dpsynth_core.storage import RunDirPath
+from dpsynth_core.config.resources import StageResources
+from dpsynth_core.runs.storage import RunDirPath
 
 
 class PLMConfig(StrictConfig):
@@ -35,7 +35,7 @@ class PLMConfig(StrictConfig):
     max_retries: int = Field(3, ge=0, le=20)  # openai backend: per request, on 429 / 5xx / connection errors
     # hf / ray_actor / serve: the generation engine (auto: vLLM where installed and it runs the model, else HF)
     engine: Literal["auto", "vllm", "hf"] = "auto"
-    # hf / ray_actor / serve: where the PLM runs (dpsynth_core.devices); a Ray PLM with device cuda asks Ray for a GPU
+    # hf / ray_actor / serve: where the PLM runs (dpsynth_core.config.placement); a Ray PLM with device cuda asks Ray for a GPU
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bfloat16 on a GPU, float32 on CPU
 
@@ -88,7 +88,7 @@ class PEConfig(StrictConfig):
     """WASP (``method: wasp``) or Aug-PE (``method: augpe``)."""
 
     method: Literal["wasp", "augpe"]
-    # a path or file:// URI (shared storage on a cluster); key `output_dir` (was `run_dir`: config_keys)
+    # a path or file:// URI (shared storage on a cluster); key `output_dir` (was `run_dir`: config/keys.py)
     run_dir: RunDirPath = Field(Path("runs/pe"), alias="output_dir")
     dataset_name: str = "biorxiv"
     prompts: str = "biorxiv"  # bundled prompt folder name or a directory

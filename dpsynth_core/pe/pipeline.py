@@ -17,7 +17,7 @@ import numpy as np
 from dpsynth_core.config import load_config
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.pe.callbacks import Callback, CheckpointCallback, MetricsLogger
-from dpsynth_core.files import atomic_write_text
+from dpsynth_core.runs.files import atomic_write_text
 from dpsynth_core.pe.checkpoint import RunState, VoteStore, load_latest_checkpoint
 from dpsynth_core.pe.config import PEConfig, PLMConfig
 from dpsynth_core.pe.data_split import split_data
@@ -26,7 +26,7 @@ from dpsynth_core.pe.evaluate import evaluate_synthetic
 from dpsynth_core.pe.llm import LLM
 from dpsynth_core.pe.prompts import load_prompts
 from dpsynth_core.pe.runner import PERunner, PrivateData
-from dpsynth_core.run_lock import locked_run
+from dpsynth_core.runs.lock import locked_run
 from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def load_pe_config(path: str | Path, method: str) -> PEConfig:
 
 
 def prepare_run_dir(cfg: PEConfig, resume: bool) -> Path:
-    """``cfg.run_dir`` under the rerun rule of ``runs.py``: another config there is refused (it would
+    """``cfg.run_dir`` under the rerun rule of ``runs/run_dir.py``: another config there is refused (it would
     mix two runs' privacy accounting), naming the changed keys; ``resume=False`` moves an old run aside."""
     return open_run_dir(Path(cfg.run_dir), cfg.model_dump(mode="json"), resume=resume)
 
@@ -169,7 +169,7 @@ def run_baselines(cfg: PEConfig, run_dir: Path, llms: Sequence[LLM], embedding: 
 def check_plm_placements(plms) -> None:
     """In-process PLMs (``backend: hf``) resolve their placement here; Ray PLMs in their own actor,
     which asked Ray for the GPU (``ray_jobs.pe_backends.plm_resources``)."""
-    from dpsynth_core.devices import resolve_placement
+    from dpsynth_core.config.placement import resolve_placement
 
     for k, plm in enumerate(plms):
         if plm.backend == "hf":
@@ -220,10 +220,10 @@ def run_pipeline(config_path: str | Path, method: str, make_llms: LLMFactory, re
     if baselines is not None:
         metrics["baselines"] = baselines
     atomic_write_text(run_dir / "metrics.json", json.dumps(metrics, indent=2, default=float))  # owner-only
-    from dpsynth_core.release import write_release
+    from dpsynth_core.runs.release import write_release
 
     plot = run_dir / "plm_weights.png"  # from noisy votes only: post-processing
     write_release(run_dir, {"synthetic.jsonl": run_dir / "synthetic.jsonl", **({plot.name: plot} if plot.is_file() else {})},
                   ledger=ledger, method=method)
-    StageMarkers(run_dir).mark(method)  # finished: a rerun says so and does nothing (runs.py)
+    StageMarkers(run_dir).mark(method)  # finished: a rerun says so and does nothing (runs/run_dir.py)
     return run_dir

@@ -141,7 +141,7 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 def _make_durable(path: Path) -> None:
     """An object-store run (s3://, gs://) uploads its ledger now, before the event's output is released."""
-    from dpsynth_core.storage_sync import make_durable
+    from dpsynth_core.runs.storage_sync import make_durable
 
     make_durable(path.parent, path)
 

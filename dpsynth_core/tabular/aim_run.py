@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpsynth_core.files import atomic_write_text
-from dpsynth_core.run_lock import locked_run
+from dpsynth_core.runs.files import atomic_write_text
+from dpsynth_core.runs.lock import locked_run
 from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir
 from dpsynth_core.tabular import private_data
 from dpsynth_core.tabular.config import AimConfig
@@ -59,7 +59,7 @@ def stage_evaluate(cfg: AimConfig, run: Path) -> dict:
 
 
 def stage_release(cfg: AimConfig, run: Path) -> dict:
-    from dpsynth_core.release import write_release
+    from dpsynth_core.runs.release import write_release
 
     ledger = _ledger(run)
     items = {"synthetic.csv": run / "synthetic.csv", "schema_resolved.json": run / "schema_resolved.json"}
@@ -68,7 +68,7 @@ def stage_release(cfg: AimConfig, run: Path) -> dict:
     return {"files": sorted(items)}
 
 
-@locked_run(lambda cfg, **_: cfg.run_dir())  # one process per run (run_lock.py)
+@locked_run(lambda cfg, **_: cfg.run_dir())  # one process per run (runs/lock.py)
 def run_aim(cfg: AimConfig, *, resume: bool = True) -> Path:
     """Run every AIM stage not yet finished (in this process); return the run directory."""
     from dpsynth_core.privacy import PrivacyLedger

@@ -17,8 +17,8 @@ from dpsynth_core.config import (
     BATCH_CAP, OUTPUT_ROWS_CAP, RECORDS_CAP, SEQ_LEN_CAP, STEPS_CAP, THREADS_CAP, StrictConfig, cap, load_config,
 )
 from dpsynth_core.dpsgd.config import LoraSettings
-from dpsynth_core.resources import StageResources
-from dpsynth_core.storage import RunDirPath, require_durable_run_dir
+from dpsynth_core.config.resources import StageResources
+from dpsynth_core.runs.storage import RunDirPath, require_durable_run_dir
 
 
 def _one_or_many(value):
@@ -153,7 +153,7 @@ class GenerationSettings(StrictConfig):
     seed: int = 0
     fairness: FairGenerationSettings = Field(default_factory=FairGenerationSettings)
     calibrate: CalibrationSettings = Field(default_factory=CalibrationSettings)
-    # where the generator runs (dpsynth_core.devices): auto is the GPU when the stage sees one
+    # where the generator runs (dpsynth_core.config.placement): auto is the GPU when the stage sees one
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # spelled as the generation engines spell it
 
@@ -244,7 +244,7 @@ class TrainingSettings(StrictConfig):
     seed: int = 0  # column order of the serialized rows (data-independent) and the LoRA init
     torch_threads: Annotated[int | None, THREADS_CAP] = Field(2, ge=1)
     public_stage: PublicStageSettings = Field(default_factory=PublicStageSettings)
-    # where stage 1 and DP-SGD train (dpsynth_core.devices); LoRA weights stay fp32 under a bf16 base
+    # where stage 1 and DP-SGD train (dpsynth_core.config.placement); LoRA weights stay fp32 under a bf16 base
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "bf16", "fp32"] = "auto"
 

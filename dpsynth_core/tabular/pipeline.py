@@ -45,8 +45,8 @@ import numpy as np
 import pandas as pd
 
 from dpsynth_core.errors import ConfigError
-from dpsynth_core.files import atomic_write_text
-from dpsynth_core.run_lock import locked_run
+from dpsynth_core.runs.files import atomic_write_text
+from dpsynth_core.runs.lock import locked_run
 from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir
 from dpsynth_core.tabular import private_data
 from dpsynth_core.tabular.config import DpFairConfig, GenerationSettings, TableRunConfig
@@ -220,7 +220,7 @@ def stage_model(cfg: DpFairConfig, root: str) -> dict:
     """
     import torch
 
-    from dpsynth_core.devices import resolve_placement
+    from dpsynth_core.config.placement import resolve_placement
     from dpsynth_core.tabular.serialize import RowSerializer
 
     # A forced device this process cannot see fails here, before the private rows are read.
@@ -246,7 +246,7 @@ def _public_stage(cfg: DpFairConfig, run: Path, schema: TableSchema) -> tuple[st
     """Stage 1 (no private data, nothing in the ledger): the model DP-SGD starts from, and a summary.
 
     The merged model is cached beside the run directory under the hash of its public inputs."""
-    from dpsynth_core.devices import resolve_placement
+    from dpsynth_core.config.placement import resolve_placement
     from dpsynth_core.tabular.public_stage import stage_key, train_public_stage
     from dpsynth_core.tabular.serialize import RowSerializer
 
@@ -305,7 +305,7 @@ def _train(cfg: DpFairConfig, run: Path, schema: TableSchema, ser, base_model: s
 
 
 def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path, base_model: str) -> dict:
-    from dpsynth_core.devices import resolve_placement
+    from dpsynth_core.config.placement import resolve_placement
     from dpsynth_core.engines.adapters import load_hf_model
     from dpsynth_core.privacy import PostProcessingEvent
     from dpsynth_core.tabular.generation import generate_rows
@@ -488,7 +488,7 @@ def stage_reference(cfg: DpFairConfig, root: str) -> dict:
 
 def stage_release(cfg: DpFairConfig, root: str) -> dict:
     """``release/``: the synthetic table, the DP adapter, the DP schema / targets and the ledger."""
-    from dpsynth_core.release import write_release
+    from dpsynth_core.runs.release import write_release
 
     run = Path(root)
     items: dict[str, Path] = {"synthetic.csv": run / "synthetic.csv", "schema_resolved.json": run / "schema_resolved.json",
@@ -514,7 +514,7 @@ def _wanted(cfg: DpFairConfig, schema: TableSchema) -> list[str]:
     return [s for s in STAGES if s not in skip]
 
 
-@locked_run(lambda cfg, **_: cfg.run_dir())  # one process per run (run_lock.py)
+@locked_run(lambda cfg, **_: cfg.run_dir())  # one process per run (runs/lock.py)
 def run_dpfair(cfg: DpFairConfig, *, resume: bool = True, runner: Runner = local_runner) -> Path:
     """Run every DPFairLLM stage not yet finished; return the run directory.
 

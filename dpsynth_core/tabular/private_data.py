@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from dpsynth_core.errors import ConfigError, DataError
-from dpsynth_core.files import atomic_write_text
+from dpsynth_core.runs.files import atomic_write_text
 from dpsynth_core.tabular.config import TableRunConfig
 from dpsynth_core.tabular.schema import TableSchema
 

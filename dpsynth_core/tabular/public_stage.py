@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpsynth_core.files import atomic_dir
+from dpsynth_core.runs.files import atomic_dir
 from dpsynth_core.tabular.schema import TableSchema
 
 MODEL_DIRNAME = "model"
@@ -85,7 +85,7 @@ def train_public_stage(base_model: str, ser, settings, lora, out_dir: Path, *, m
 
     from dpsynth_core.dpsgd import TrainExample
     from dpsynth_core.dpsgd.data import collate, per_example_loss, tokenize_examples
-    from dpsynth_core.devices import place_model, resolve_placement
+    from dpsynth_core.config.placement import place_model, resolve_placement
     from dpsynth_core.models import load_causal_lm
 
     torch.manual_seed(settings.seed)

@@ -17,7 +17,7 @@ C = TypeVar("C", bound=BaseModel)
 class StrictConfig(BaseModel):
     """Base for every config: unknown keys are errors, not silently ignored."""
 
-    # populate_by_name: a renamed key's field takes its new name as alias and keeps its old name (config_keys)
+    # populate_by_name: a renamed key's field takes its new name as alias and keeps its old name (config/keys.py)
     model_config = ConfigDict(extra="forbid", protected_namespaces=(), populate_by_name=True)
 
 
@@ -34,8 +34,8 @@ def load_config(path: str | Path, cls: type[C]) -> C:
         raise ConfigError(f"{path}: the config file is empty; see configs/ for examples")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
-    from dpsynth_core.config_keys import check_renamed_keys
-    from dpsynth_core.config_paths import resolve_input_paths
+    from dpsynth_core.config.keys import check_renamed_keys
+    from dpsynth_core.config.paths import resolve_input_paths
 
     check_renamed_keys(raw, cls, str(path))
     raw = resolve_input_paths(raw, path.parent)

@@ -1,7 +1,7 @@
 """Object-store run storage: a local mirror of an ``s3://`` / ``gs://`` run directory (Ray-free).
 
 The ledger is SQLite and needs a POSIX file, so a run whose directory is ``s3://bucket/prefix`` works
-in a local mirror (``dpsynth_core.storage.mirror_root()/s3/bucket/prefix``) that is kept in step
+in a local mirror (``dpsynth_core.runs.storage.mirror_root()/s3/bucket/prefix``) that is kept in step
 with the bucket through pyarrow's filesystems (the ones Ray Train's ``storage_path`` uses):
 
 * **pull** (a resumed job, a stage on another node): every remote file whose content differs from
@@ -42,7 +42,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from dpsynth_core.errors import ConfigError, DpsynthError
-from dpsynth_core.storage import object_store_uri
+from dpsynth_core.runs.storage import object_store_uri
 
 LOCAL_STATE = ".dpsynth-sync.json"
 REMOTE_INDEX = ".dpsynth-sync/index.json"
@@ -54,7 +54,7 @@ COMMIT_FILES = ("stages/*.done", "checkpoints/latest", "release/MANIFEST.json") 
 # subset after a DP stage, refuses), which costs time, never privacy.
 LOCAL_ONLY = ("owner_only/*", "checkpoint/*", "*/checkpoint/*", "ray_train/*", "*/ray_train/*")
 _SKIPPED = (LOCAL_STATE, ".dpsynth-sync/*", "*.tmp", "*/.*.tmp", ".ledger-*", "*-journal", "*-wal", "*-shm",
-            ".lock", *LOCAL_ONLY)  # .lock: run_lock.py's flock file belongs to one machine
+            ".lock", *LOCAL_ONLY)  # .lock: runs/lock.py's flock file belongs to one machine
 ENDPOINT_ENV = ("DPSYNTH_STORAGE_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 
 

@@ -24,7 +24,7 @@ What the theorem assumes, and where it is enforced:
   ``tuning_space.draw_configurations``), i.i.d. and independent of the data and of the config
   seed; K is never written anywhere released;
 * the per-trial bound holds over the whole declared space, computed before launch
-  (``tuning_plan.bound_sweep``), and the sweep is refused when it exceeds the budget;
+  (``tuning.plan.bound_sweep``), and the sweep is refused when it exceeds the budget;
 * only the best trial is released, its ledger holding the selection event
   (``tuning_release``).
 
@@ -67,7 +67,7 @@ class TuningPrivacy(StrictConfig):
 
 def check_sweep_allowed(privacy: TuningPrivacy, search: str, scheduler: str, pipeline: str, metric: str) -> None:
     """Refuse a sweep that would leak the private data through the choice of hyperparameters."""
-    from dpsynth_core.tuning_metrics import check_private_ranking_metric
+    from dpsynth_core.tuning.metrics import check_private_ranking_metric
 
     if privacy.data == "public":
         return

@@ -8,7 +8,7 @@ repository root and from any copy of a config.
 
 Run directories (``output_dir``) are not rewritten: a relative run directory stays relative to the
 current directory, and a submitted job refuses it (it would be written into the job's temporary
-copy of the project, see ``storage.require_durable_run_dir``).
+copy of the project, see ``runs.storage.require_durable_run_dir``).
 """
 
 from __future__ import annotations

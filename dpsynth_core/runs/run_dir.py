@@ -14,7 +14,7 @@
 
 Keys in ``ignore`` (dotted paths) change how a run executes, not what it outputs.
 
-Each entry holds the run's lock (``run_lock.RunLock``) around all of this, so the rule is decided
+Each entry holds the run's lock (``runs.lock.RunLock``) around all of this, so the rule is decided
 by one process at a time; ``--fresh`` moves the old files but leaves the lock file in place.
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from dpsynth_core.errors import ConfigError
-from dpsynth_core.files import atomic_write_text
+from dpsynth_core.runs.files import atomic_write_text
 
 CONFIG_FILE = "config.yaml"
 
@@ -76,7 +76,7 @@ def move_aside(root: Path) -> Path | None:
     """``--fresh``: move an old run's files into ``NAME.prev-STAMP`` (None when there are none).
 
     The run lock file stays: the process that holds it keeps the run directory locked."""
-    from dpsynth_core.run_lock import LOCK_FILE
+    from dpsynth_core.runs.lock import LOCK_FILE
 
     old = [p for p in root.iterdir() if p.name != LOCK_FILE] if root.is_dir() else []
     if not old:

@@ -8,7 +8,7 @@ so :func:`require_durable_run_dir` refuses it.
 
 SQLite (the ledger) cannot live on an object store, so an ``s3://bucket/prefix`` run directory is
 parsed to a local *mirror* directory, ``mirror_root()/s3/bucket/prefix``, which
-:mod:`dpsynth_core.storage_sync` keeps in step with the bucket; :func:`object_store_uri` maps a
+:mod:`dpsynth_core.runs.storage_sync` keeps in step with the bucket; :func:`object_store_uri` maps a
 mirror path (or any path under it) back to its URI. Credentials never appear in a URI or a config:
 they come from the environment / the cloud's standard credential chain.
 

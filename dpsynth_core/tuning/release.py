@@ -27,8 +27,8 @@ import tempfile
 from pathlib import Path
 
 from dpsynth_core.privacy import LEDGER_FILE, PrivacyLedger
-from dpsynth_core.release import MANIFEST_FILE, rebuild_release, release_dir
-from dpsynth_core.tuning_plan import SweepBound
+from dpsynth_core.runs.release import MANIFEST_FILE, rebuild_release, release_dir
+from dpsynth_core.tuning.plan import SweepBound
 
 SELECTION_STAGE = "hyperparameter_selection"
 
@@ -51,7 +51,7 @@ def check_trials_covered(run_dirs: list[Path], bound: SweepBound) -> None:
         if abs(ledger.delta - bound.delta) > 1e-12 * max(1.0, bound.delta) or not bound.covers(ledger.events()):
             raise UncoveredTrialError(
                 "a trial's ledger spends outside the sweep's planned bound (its pipeline and its planner in "
-                "dpsynth_core/tuning_plan.py disagree); nothing is released and every trial was deleted"
+                "dpsynth_core/tuning/plan.py disagree); nothing is released and every trial was deleted"
             )
 
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dpsynth_core.errors import ConfigError
-from dpsynth_core.files import atomic_dir
+from dpsynth_core.runs.files import atomic_dir
 
 RELEASE_DIRNAME = "release"
 MANIFEST_FILE = "MANIFEST.json"

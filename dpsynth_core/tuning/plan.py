@@ -31,7 +31,7 @@ from typing import Protocol
 import numpy as np
 
 from dpsynth_core.errors import ConfigError
-from dpsynth_core.tuning_space import Choice, Interval, SearchSpace, grid_cells
+from dpsynth_core.tuning.space import Choice, Interval, SearchSpace, grid_cells
 
 MAX_PLANNED_POINTS = 400  # each point calibrates DP-SGD noise (~0.1-1 s); a space wider than this is refused
 
