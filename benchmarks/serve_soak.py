@@ -34,7 +34,7 @@ from pathlib import Path
 
 import httpx
 
-CLI = [sys.executable, "-c", "from dpsynth_core.cli.main import app; app()"]
+CLI = [sys.executable, "-c", "from dpsynth.cli.main import app; app()"]
 MODEL = "gen"
 PROMPTS = ["Write a sentence about cells.", "Describe a mouse study.", "Summarise a CRISPR screen.", "Hello"]
 

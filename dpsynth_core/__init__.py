@@ -1,7 +1,7 @@
-"""dpsynth: differentially private synthetic data (text and tables).
+"""dpsynth_core: the library of differentially private synthetic data (text and tables).
 
-The library is free of Ray: Ray lives in ``ray_jobs/``, ``serving/`` and ``tune_spaces/``,
-which call into it.
+The library is free of Ray: Ray lives in ``ray_jobs/``, ``serving/`` and ``tune_spaces/``, which
+call into it, and the CLI in the top package ``dpsynth``. It imports none of them.
 """
 
 __version__ = "0.1.0"

@@ -120,7 +120,7 @@ def check_aim(path: Path) -> Plan:
 
 def check_train(path: Path, fresh: bool = False) -> Plan:
     """`dpsynth train`: config, the whole data file, delta against its size, and the noise calibration."""
-    from dpsynth_core.cli.train import TrainJobConfig, data_source
+    from dpsynth.cli.train import TrainJobConfig, data_source
     from dpsynth_core.config import load_config
     from dpsynth_core.dpsgd.budget import plan_privacy
     from dpsynth_core.privacy.randomness import refuse_pinned_dp_seed

@@ -7,7 +7,7 @@ import sys
 
 def dpsynth(monkeypatch, capsys, *args: str) -> tuple[int, str]:
     """Run the `dpsynth` console entry in this process: (exit code, stdout + stderr)."""
-    from dpsynth_core.cli.main import app
+    from dpsynth.cli.main import app
 
     monkeypatch.setattr(sys, "argv", ["dpsynth", *args])
     code = 0

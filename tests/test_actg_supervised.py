@@ -87,7 +87,7 @@ def test_public_rows_are_never_carved_out_of_the_private_file(biorxiv, tmp_path,
     from typer.testing import CliRunner
 
     from dpsynth_core.actg import data_split
-    from dpsynth_core.cli.main import _app
+    from dpsynth.cli.main import _app
     from dpsynth_core.errors import ConfigError
 
     with pytest.raises(ValueError, match=r"data.n_public without data.public_path"):

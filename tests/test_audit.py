@@ -125,7 +125,7 @@ def test_an_audit_that_cannot_fail_is_inconclusive_and_shipped_configs_can_fail(
     """The old shipped configs (epsilon 4, m = 100) could reach at most 2.78: `inconclusive`, never
     `passed`, whatever the run found. m = 1,000 (the default) reaches 5.09 at delta = 1e-5."""
     from dpsynth_core.audit import audit_status, largest_reachable_bound
-    from dpsynth_core.cli.audit import AuditJobConfig
+    from dpsynth.cli.audit import AuditJobConfig
     from dpsynth_core.config import load_config
 
     reach_100 = largest_reachable_bound(100, 50, 1e-5)
@@ -174,8 +174,8 @@ def test_sigma_and_q_come_from_the_public_size_before_any_canary_is_drawn(monkey
 def test_cli_refuses_noise_off_without_flag_and_ships_valid_configs(tmp_path):
     from typer.testing import CliRunner
 
-    from dpsynth_core.cli.audit import AuditJobConfig
-    from dpsynth_core.cli.main import _app
+    from dpsynth.cli.audit import AuditJobConfig
+    from dpsynth.cli.main import _app
     from dpsynth_core.config import load_config
     configs = Path(__file__).resolve().parent.parent / "configs"
     for name in ("audit_tiny.yaml", "audit_smollm2.yaml"):

@@ -41,6 +41,6 @@ def test_cli_starts_without_importing_torch():
     import subprocess
     import sys
 
-    code = "import sys, dpsynth_core.cli.main; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    code = "import sys, dpsynth.cli.main; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]

@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _classes() -> dict[str, type]:
     from dpsynth_core.actg.pipeline import ActgConfig
-    from dpsynth_core.cli.audit import AuditJobConfig
-    from dpsynth_core.cli.train import TrainJobConfig
+    from dpsynth.cli.audit import AuditJobConfig
+    from dpsynth.cli.train import TrainJobConfig
     from dpsynth_core.pe.config import PEConfig
     from dpsynth_core.tabular.config import AimConfig, DpFairConfig
 
@@ -63,7 +63,7 @@ def test_old_spellings_load_with_one_line_naming_the_new_key(tmp_path, capsys):
 
 
 def test_nested_old_spelling_is_named_with_its_path(tmp_path, capsys):
-    from dpsynth_core.cli.train import TrainJobConfig
+    from dpsynth.cli.train import TrainJobConfig
 
     raw = yaml.safe_load((REPO / "configs" / "train_tiny.yaml").read_text())
     raw["data"]["text_column"] = raw["data"].pop("text_col")
@@ -84,7 +84,7 @@ def test_tabular_data_path_is_the_file(tmp_path):
 
 def test_pipeline_reads_data_next_to_its_config_from_another_cwd(tmp_path, monkeypatch, capsys):
     """Old code: `data.path: corpus.csv` was read from the current directory, so this --check failed."""
-    from dpsynth_core.cli.main import cli_command
+    from dpsynth.cli.main import cli_command
 
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     project.mkdir(), elsewhere.mkdir()

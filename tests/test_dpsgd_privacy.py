@@ -105,7 +105,7 @@ def test_dpsynth_train_refuses_delta_not_below_one_over_n_before_creating_a_ledg
     import yaml
     from typer.testing import CliRunner
 
-    from dpsynth_core.cli.train import app
+    from dpsynth.cli.train import app
 
     data = tmp_path / "d.csv"
     pd.DataFrame({"text": [f"row {i}" for i in range(20)]}).to_csv(data, index=False)
@@ -125,7 +125,7 @@ def test_dpsynth_train_refuses_a_pinned_sampling_seed_outside_test_mode(tmp_path
     import yaml
     from typer.testing import CliRunner
 
-    from dpsynth_core.cli.train import app
+    from dpsynth.cli.train import app
 
     monkeypatch.delenv("DPSYNTH_TEST_MODE", raising=False)
     config = tmp_path / "train.yaml"
@@ -172,7 +172,7 @@ def test_dpsynth_train_writes_a_release_without_the_owner_only_curve(tmp_path):
     import yaml
     from typer.testing import CliRunner
 
-    from dpsynth_core.cli.train import app
+    from dpsynth.cli.train import app
     from dpsynth_core.runs.release import verify_release
 
     data = tmp_path / "d.csv"

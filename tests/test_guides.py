@@ -57,7 +57,7 @@ def test_guide_schemas_validate(tmp_path):
 def test_actg_guide_runs_its_preflight_on_an_unlabelled_corpus_from_another_cwd(tmp_path, monkeypatch, capsys):
     """The guide's config and schema as written (paths next to the config), a corpus with no label
     column, `dpsynth run actg --check` from another directory: the whole file is valid, nothing written."""
-    from dpsynth_core.cli.main import cli_command
+    from dpsynth.cli.main import cli_command
 
     text = (GUIDES / "actg.md").read_text(encoding="utf-8")
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"

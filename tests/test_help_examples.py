@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dpsynth_core.cli.examples import EXAMPLES, walk
-from dpsynth_core.cli.main import cli_command
+from dpsynth.cli.examples import EXAMPLES, walk
+from dpsynth.cli.main import cli_command
 
 REPO = Path(__file__).resolve().parent.parent
 COMMANDS = [" ".join(path) for path, _ in walk(cli_command())]
@@ -39,6 +39,6 @@ def test_example_config_files_exist():
 
 
 def test_console_entry_shows_the_example():
-    res = subprocess.run([sys.executable, "-m", "dpsynth_core", "run", "dpfair", "--help"],
+    res = subprocess.run([sys.executable, "-m", "dpsynth", "run", "dpfair", "--help"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "dpsynth run dpfair --config configs/dpfair_demo.yaml" in res.stdout

@@ -9,7 +9,7 @@ from dpsynth_core.models import list_models
 
 
 def test_models_list_piped_prints_full_names():
-    proc = subprocess.run([sys.executable, "-c", "from dpsynth_core.cli.main import app; app()", "models", "list"],
+    proc = subprocess.run([sys.executable, "-c", "from dpsynth.cli.main import app; app()", "models", "list"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     names = {line.split("\t")[0] for line in proc.stdout.splitlines()}

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from dpsynth_core.cli import ledger as ledger_cli
-from dpsynth_core.cli import privacy as privacy_cli
+from dpsynth.cli import ledger as ledger_cli
+from dpsynth.cli import privacy as privacy_cli
 from dpsynth_core.privacy import DpSgdEvent, PostProcessingEvent, PrivacyLedger, epsilon_dpsgd
 
 REPO = Path(__file__).resolve().parent.parent

@@ -310,7 +310,7 @@ def test_ledger_show_and_the_release_state_m_times_delta_with_the_public_size(tm
     with the ledger; `dpsynth ledger show` and the release manifest state m * delta next to delta."""
     from typer.testing import CliRunner
 
-    from dpsynth_core.cli.main import _app
+    from dpsynth.cli.main import _app
     from dpsynth_core.runs.release import write_release
 
     ledger = PrivacyLedger.create(tmp_path, "d", 4.0, default_delta(300), public_size=300)

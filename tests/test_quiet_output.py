@@ -42,7 +42,7 @@ def test_pipeline_run_is_quiet_and_ends_with_a_summary(tmp_path, biorxiv_csv):
     }
     path = tmp_path / "augpe.yaml"
     path.write_text(yaml.safe_dump(config))
-    res = subprocess.run([sys.executable, "-m", "dpsynth_core", "run", "augpe", "--config", str(path)],
+    res = subprocess.run([sys.executable, "-m", "dpsynth", "run", "augpe", "--config", str(path)],
                          capture_output=True, text=True, timeout=600, env=_user_env(), cwd=tmp_path)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-3000:]

@@ -69,9 +69,9 @@ def test_release_refuses_tampering_and_a_non_empty_destination(finished_run, tmp
 def test_release_cli(finished_run, tmp_path):
     run, _ = finished_run
     dest = tmp_path / "cli_out"
-    ok = subprocess.run([sys.executable, "-m", "dpsynth_core", "release", str(run), str(dest)], capture_output=True, text=True)
+    ok = subprocess.run([sys.executable, "-m", "dpsynth", "release", str(run), str(dest)], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert "released 4 files" in ok.stdout and (dest / "synthetic.csv").is_file()
-    missing = subprocess.run([sys.executable, "-m", "dpsynth_core", "release", str(tmp_path / "nope"), str(tmp_path / "d2")],
+    missing = subprocess.run([sys.executable, "-m", "dpsynth", "release", str(tmp_path / "nope"), str(tmp_path / "d2")],
                              capture_output=True, text=True)
     assert missing.returncode == 2 and "no release" in missing.stderr

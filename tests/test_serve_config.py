@@ -60,7 +60,7 @@ def test_limits_and_seeds():
 def test_cli_rejects_bad_config_with_exit_2(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("models: []\n")
-    proc = subprocess.run([sys.executable, "-c", "from dpsynth_core.cli.main import app; app()", "serve", "start", "--config", str(bad)],
+    proc = subprocess.run([sys.executable, "-c", "from dpsynth.cli.main import app; app()", "serve", "start", "--config", str(bad)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "models" in proc.stderr
 

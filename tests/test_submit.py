@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ray_cluster import BIN, free_port
 
-from dpsynth_core.cli.jobs import error_line
+from dpsynth.cli.jobs import error_line
 
 REPO = Path(__file__).resolve().parent.parent
 

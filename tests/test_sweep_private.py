@@ -246,7 +246,7 @@ def test_release_is_refused_when_its_manifest_and_the_run_ledger_disagree(tmp_pa
     replaced by hand) states an epsilon the run does not have: `dpsynth release` refuses it, exit 2."""
     from typer.testing import CliRunner
 
-    from dpsynth_core.cli.main import _app
+    from dpsynth.cli.main import _app
     from dpsynth_core.runs.release import verify_release
 
     run_dir = tmp_path / "run"

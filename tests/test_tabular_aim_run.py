@@ -15,7 +15,7 @@ ADULT_SCHEMA = Path(__file__).resolve().parent.parent / "configs" / "schemas" / 
 
 
 def test_aim_run_through_the_cli(tmp_path, adult_dir, monkeypatch, capsys):
-    from dpsynth_core.cli.main import app
+    from dpsynth.cli.main import app
 
     cfg = {"name": "aim_t", "output_dir": str(tmp_path / "runs"), "schema_path": str(ADULT_SCHEMA),
            "columns": ["capital_loss", "sex", "income"], "data": {"source": "adult", "train_rows": 150, "test_rows": 150},

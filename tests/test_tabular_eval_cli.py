@@ -15,7 +15,7 @@ COLUMNS = ["age", "education", "sex", "hours_per_week", "income"]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dpsynth_core", "eval", "tabular", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "dpsynth", "eval", "tabular", *args], capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")

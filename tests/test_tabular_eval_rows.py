@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dpsynth_core.cli.main import cli_command
+from dpsynth.cli.main import cli_command
 from dpsynth_core.errors import DataError
 
 ADULT_SCHEMA = Path(__file__).resolve().parent.parent / "configs" / "schemas" / "adult.yaml"

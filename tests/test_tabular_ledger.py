@@ -407,7 +407,7 @@ def test_rerun_finished_or_changed_config(finished_run, capsys):
     ],
 )
 def test_bad_config_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys, override, message):
-    from dpsynth_core.cli.main import app
+    from dpsynth.cli.main import app
 
     path = _tiny_config(tmp_path, **override)
     monkeypatch.setattr(sys, "argv", ["dpsynth", "run", "dpfair", "--config", str(path)])
@@ -420,7 +420,7 @@ def test_bad_config_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys, ov
 
 
 def test_bad_schema_file_through_the_cli(tmp_path, monkeypatch, capsys):
-    from dpsynth_core.cli.main import app
+    from dpsynth.cli.main import app
 
     bad = tmp_path / "schema.yaml"
     bad.write_text(textwrap.dedent("""

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from dpsynth_core.cli.train import app
+from dpsynth.cli.train import app
 from dpsynth_core.errors import BudgetExceededError, ConfigError
 from dpsynth_core.privacy import PrivacyLedger
 from dpsynth_core.runs.lock import RunLock, RunLockedError
@@ -97,7 +97,7 @@ def test_a_second_process_on_a_locked_run_is_refused_naming_the_holder(tmp_path)
 HOLD_IN_TRAINING = """
     import sys
     from dpsynth_core.dpsgd import trainer
-    from dpsynth_core.cli.train import app
+    from dpsynth.cli.train import app
 
     original = trainer.run_steps
 

@@ -87,7 +87,7 @@ def start(
     if detach and address is None:  # a local Ray dies with its process: run a blocking child in the background
         log = _state_file().parent / "serve.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-c", "from dpsynth_core.cli.main import app; app()", "serve", "start", "--config", str(config),
+        cmd = [sys.executable, "-c", "from dpsynth.cli.main import app; app()", "serve", "start", "--config", str(config),
                "--num-cpus", str(num_cpus)]
         with open(log, "ab") as out:
             child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -2,7 +2,7 @@
 
 Jobs go through Ray's job submission API (the dashboard address of a cluster head, e.g.
 ``http://127.0.0.1:8265`` or the address printed by ``ray up cluster.yaml``). The job's
-entrypoint is ``python -m dpsynth_core <subcommand ...>`` run in the cluster's environment, where
+entrypoint is ``python -m dpsynth <subcommand ...>`` run in the cluster's environment, where
 cluster.yaml's setup commands installed the project; the local project directory travels as
 the job's ``working_dir`` (configs, schemas) without .venv, runs or .git.
 """
@@ -71,7 +71,7 @@ def submit(
         env_vars[key] = value
     logging.getLogger("ray").setLevel(logging.ERROR)  # no INFO lines about packaging the working dir
     client = _client(address)
-    entrypoint = "python -m dpsynth_core " + " ".join(shlex.quote(a) for a in args)
+    entrypoint = "python -m dpsynth " + " ".join(shlex.quote(a) for a in args)
     job_id = _submit_with_retry(
         client,
         entrypoint=entrypoint,
@@ -192,8 +192,8 @@ def register_top_level(root: typer.Typer) -> None:
         "submit",
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     )(submit)
-    from dpsynth_core.cli.generate import generate
-    from dpsynth_core.cli.tune import tune
+    from dpsynth.cli.generate import generate
+    from dpsynth.cli.tune import tune
 
     root.command("tune")(tune)
     root.command("generate")(generate)

@@ -1,5 +1,5 @@
 """The ``dpsynth`` command line: one app, one sub-app per concern (see ``main.py``)."""
 
-from dpsynth_core.cli.main import app, main
+from dpsynth.cli.main import app, main
 
 __all__ = ["app", "main"]

@@ -13,7 +13,7 @@ import typer
 from pydantic import Field
 
 from dpsynth_core.audit.config import AuditSettings
-from dpsynth_core.cli.train import TrainDataSpec
+from dpsynth.cli.train import TrainDataSpec
 from dpsynth_core.config import StrictConfig
 from dpsynth_core.dpsgd.config import DpSgdConfig
 from dpsynth_core.errors import ConfigError
@@ -44,7 +44,7 @@ def dpsgd(
 ) -> None:
     """Train the config's DP-SGD stage once with m canaries and report the epsilon lower bound at 95 %."""
     from dpsynth_core.audit import run_dpsgd_audit, write_audit_report
-    from dpsynth_core.cli.train import build_examples
+    from dpsynth.cli.train import build_examples
     from dpsynth_core.config import load_config
 
     job = load_config(config, AuditJobConfig)

@@ -10,9 +10,9 @@ import sys
 
 import typer
 
-from dpsynth_core.cli import data, jobs, ledger, models, privacy, release, run, serve, train
-from dpsynth_core.cli import audit
-from dpsynth_core.cli import eval as eval_cmd
+from dpsynth.cli import data, jobs, ledger, models, privacy, release, run, serve, train
+from dpsynth.cli import audit
+from dpsynth.cli import eval as eval_cmd
 from dpsynth_core.errors import DpsynthError
 
 _app = typer.Typer(
@@ -67,7 +67,7 @@ _app.command("release")(release.release)
 
 def cli_command():
     """The click command tree of ``dpsynth``, with an example at the end of every command's --help."""
-    from dpsynth_core.cli.examples import add_examples
+    from dpsynth.cli.examples import add_examples
 
     command = typer.main.get_command(_app)
     add_examples(command)
