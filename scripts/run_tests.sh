@@ -6,6 +6,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export RAY_USAGE_STATS_ENABLED=0 RAY_ENABLE_UV_RUN_RUNTIME_ENV=0
+# The import layers first (pyproject.toml, [tool.importlinter]): a broken contract fails in a second,
+# before any test; no cache folder is left behind.
+if ! layers=$(.venv/bin/lint-imports --no-logo --no-cache 2>&1); then
+  echo "$layers"
+  exit 1
+fi
+echo "$layers" | grep "^Contracts:"
 # The whole suite runs on every core (pytest-xdist; tests/conftest.py groups the tests so a file
 # stays in one worker); named files run in one process. DPSYNTH_TEST_WORKERS overrides (0: serial).
 targets=tests

@@ -10,9 +10,19 @@ import sys
 
 import typer
 
-from dpsynth.cli import data, jobs, ledger, models, privacy, release, run, serve, train
-from dpsynth.cli import audit
-from dpsynth.cli import eval as eval_cmd
+# Command modules by full name: ``from dpsynth.cli import ...`` would read this package's namespace while
+# dpsynth/cli/__init__.py, which imports this module, is still running (an import cycle).
+import dpsynth.cli.audit as audit
+import dpsynth.cli.data as data
+import dpsynth.cli.eval as eval_cmd
+import dpsynth.cli.jobs as jobs
+import dpsynth.cli.ledger as ledger
+import dpsynth.cli.models as models
+import dpsynth.cli.privacy as privacy
+import dpsynth.cli.release as release
+import dpsynth.cli.run as run
+import dpsynth.cli.serve as serve
+import dpsynth.cli.train as train
 from dpsynth_core.errors import DpsynthError
 
 _app = typer.Typer(
