@@ -182,7 +182,7 @@ def run(config: BatchGenerateConfig) -> dict:
 
 def preflight(config_path: Path):
     """Config, prompts and adapter checked before the output directory or Ray exists (`--check` prints it)."""
-    from dpsynth_core.preflight import Plan
+    from dpsynth_core.runs.preflight import Plan
 
     config = load_config(config_path, BatchGenerateConfig)
     require_durable_run_dir(config.output_dir, "output_dir")  # a submitted job must write to shared storage

@@ -24,7 +24,7 @@ NOT_SIZES = {"stop_after_steps", "checkpoint_every"}  # test-only / frequency kn
 
 def config_classes() -> list[type[BaseModel]]:
     from dpsynth_core.actg.pipeline import ActgConfig
-    from dpsynth.cli.train import TrainJobConfig
+    from dpsynth_core.dpsgd.train_job import TrainJobConfig
     from dpsynth_core.pe.config import PEConfig
     from dpsynth_core.tabular.config import AimConfig, DpFairConfig
     from ray_jobs.batch_generate import BatchGenerateConfig

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 def _classes() -> dict[str, type]:
     from dpsynth_core.actg.pipeline import ActgConfig
     from dpsynth.cli.audit import AuditJobConfig
-    from dpsynth.cli.train import TrainJobConfig
+    from dpsynth_core.dpsgd.train_job import TrainJobConfig
     from dpsynth_core.pe.config import PEConfig
     from dpsynth_core.tabular.config import AimConfig, DpFairConfig
 
@@ -63,7 +63,7 @@ def test_old_spellings_load_with_one_line_naming_the_new_key(tmp_path, capsys):
 
 
 def test_nested_old_spelling_is_named_with_its_path(tmp_path, capsys):
-    from dpsynth.cli.train import TrainJobConfig
+    from dpsynth_core.dpsgd.train_job import TrainJobConfig
 
     raw = yaml.safe_load((REPO / "configs" / "train_tiny.yaml").read_text())
     raw["data"]["text_column"] = raw["data"].pop("text_col")

@@ -155,7 +155,7 @@ def test_dpsgd_test_only_knobs_are_refused_by_the_config_validators_outside_test
     from pydantic import ValidationError
 
     from dpsynth_core.actg.pipeline import ActgConfig
-    from dpsynth.cli.train import TrainJobConfig
+    from dpsynth_core.dpsgd.train_job import TrainJobConfig
 
     train = {"model": "tiny-llama", "epsilon": 1.0, "steps": 2, knob: 1}
     job = {"data": {"path": str(tmp_path / "d.csv"), "text_column": "text"}, "train": train}

@@ -152,7 +152,6 @@ def private_imports() -> list[str]:
 
 # Today's cycles and private imports; each step of issue 36 deletes what it removes. Done is empty.
 KNOWN_CYCLES: list[list[str]] = [
-    ["dpsynth.cli.train", "dpsynth_core.preflight"],
     ["dpsynth_core.actg.anchored_rl", "dpsynth_core.actg.anchored_rl_trl"],
     ["dpsynth_core.actg.evaluation", "dpsynth_core.actg.pipeline", "dpsynth_core.actg.stages_post"],
     ["dpsynth_core.actg.extractors", "dpsynth_core.actg.supervised"],
@@ -172,8 +171,6 @@ KNOWN_PRIVATE_IMPORTS: list[str] = [
     "dpsynth_core.actg.stages_post imports dpsynth_core.actg.pipeline._synthetic_rows",
     "dpsynth_core.actg.stages_post imports dpsynth_core.actg.pipeline._threads",
     "dpsynth_core.dpsgd.fsdp imports dpsynth_core.dpsgd.clipping._ZeroGrad",
-    "dpsynth_core.preflight imports dpsynth_core.pe.data_split._load_frame",
-    "dpsynth_core.preflight imports dpsynth_core.tabular.pipeline._wanted",
     "dpsynth_core.privacy.events imports dpsynth_core.privacy.composition._rdp_orders",
     "dpsynth_core.tuning.plan imports dpsynth_core.privacy.composition._rdp_orders",
     "dpsynth_core.tuning.selection imports dpsynth_core.privacy.composition._rdp_orders",

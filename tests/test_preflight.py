@@ -85,7 +85,7 @@ def test_dpfair_delta_one_named_at_config_load(tmp_path):
 
 
 def test_train_delta_one_named_at_config_load(tmp_path):
-    from dpsynth.cli.train import TrainJobConfig
+    from dpsynth_core.dpsgd.train_job import TrainJobConfig
     from dpsynth_core.config import load_config
 
     raw = yaml.safe_load((REPO / "configs" / "train_tiny.yaml").read_text())

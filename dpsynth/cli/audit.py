@@ -13,9 +13,9 @@ import typer
 from pydantic import Field
 
 from dpsynth_core.audit.config import AuditSettings
-from dpsynth.cli.train import TrainDataSpec
 from dpsynth_core.config import StrictConfig
 from dpsynth_core.dpsgd.config import DpSgdConfig
+from dpsynth_core.dpsgd.train_job import TrainDataSpec
 from dpsynth_core.errors import ConfigError
 
 app = typer.Typer(help="Empirical privacy audits (owner-side).", no_args_is_help=True)
@@ -44,8 +44,8 @@ def dpsgd(
 ) -> None:
     """Train the config's DP-SGD stage once with m canaries and report the epsilon lower bound at 95 %."""
     from dpsynth_core.audit import run_dpsgd_audit, write_audit_report
-    from dpsynth.cli.train import build_examples
     from dpsynth_core.config import load_config
+    from dpsynth_core.dpsgd.train_job import build_examples
 
     job = load_config(config, AuditJobConfig)
     settings = job.audit

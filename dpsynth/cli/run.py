@@ -9,6 +9,8 @@ Imports are lazy so that `dpsynth --help` does not import Ray.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import typer
@@ -31,11 +33,24 @@ _CHECK = typer.Option(False, "--check", help="Only the pre-flight: validate conf
                                             "write nothing.")
 
 
+def method_preflight(pipeline: str) -> Callable[[Path], object]:
+    """The pre-flight of ``pipeline``: one function per method, living with it (``runs.preflight``)."""
+    if pipeline == "actg":
+        from dpsynth_core.actg.preflight import preflight_actg
+
+        return preflight_actg
+    if pipeline in ("wasp", "augpe"):
+        from dpsynth_core.pe.preflight import preflight_pe
+
+        return partial(preflight_pe, method=pipeline)
+    from dpsynth_core.tabular.preflight import preflight_aim, preflight_dpfair
+
+    return {"dpfair": preflight_dpfair, "aim": preflight_aim}[pipeline]
+
+
 def _preflight(pipeline: str, config: Path, check: bool) -> bool:
     """Config and whole data file checked before a run directory or Ray exists; True: stop here (--check)."""
-    from dpsynth_core.preflight import preflight
-
-    plan = preflight(pipeline, config)
+    plan = method_preflight(pipeline)(Path(config))
     if check:
         typer.echo(plan.render())
     return check

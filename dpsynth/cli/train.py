@@ -1,81 +1,28 @@
 """`dpsynth train --config FILE`: DP-SGD LoRA fine-tuning (in-process, or Ray Train for num_workers > 1).
 
-Everything that can be wrong with a config fails here, before any training: epsilon <= 0,
-delta >= 1/n (checked before the ledger is created), a logical batch larger than n, an unknown
-LoRA target module, a missing column.
+The job's config, data source, ledger and pre-flight are ``dpsynth_core.dpsgd.train_job``: everything
+that can be wrong with a config fails there, before any training.
 """
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import typer
-from pydantic import Field, field_validator
 
-from dpsynth_core.config import StrictConfig
-from dpsynth_core.dpsgd.config import DpSgdConfig
 from dpsynth_core.dpsgd.sources import TableExampleSource
+from dpsynth_core.dpsgd.train_job import (
+    EXECUTION_ONLY,
+    TrainJobConfig,
+    data_source,
+    open_ledger,
+    preflight_train,
+)
 from dpsynth_core.errors import ConfigError
-from dpsynth_core.runs.lock import RunLock
 from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir, refuse_changed_config
+from dpsynth_core.runs.lock import RunLock
 
 app = typer.Typer(help="DP-SGD LoRA fine-tuning on Ray Train.", no_args_is_help=True)
-
-
-# how a run executes, not what it outputs: changing them does not make it another run
-EXECUTION_ONLY = ("train.stop_after_steps", "train.torch_threads", "train.checkpoint_every")
-
-
-class TrainDataSpec(TableExampleSource):
-    """Where the private training data is and how a row becomes (prompt, target).
-
-    ``path``: absolute, relative to the working directory, or relative to the data dir
-    (../shared/data); resolved to an absolute path before anything is read."""
-
-
-class LedgerSpec(StrictConfig):
-    run_dir: str | None = None  # default: the output directory
-    dataset: str = "private"
-    epsilon_budget: float | None = Field(None, gt=0)  # default: train.epsilon (used only when creating)
-
-
-class TrainJobConfig(StrictConfig):
-    data: TrainDataSpec
-    train: DpSgdConfig
-    output_dir: str = "runs/train"
-    stage: str = "dpsgd"
-    ledger: LedgerSpec = Field(default_factory=LedgerSpec)
-
-    @field_validator("train")
-    @classmethod
-    def _no_test_only_knobs(cls, value: DpSgdConfig) -> DpSgdConfig:
-        from dpsynth_core.privacy.randomness import refuse_test_only_knobs
-
-        refuse_test_only_knobs("train", value.model_dump())
-        return value
-
-
-def resolve_data_path(raw: str, config_path: Path) -> Path:
-    p = Path(raw).expanduser()
-    if p.is_absolute():
-        return p
-    for base in (Path.cwd(), config_path.parent):
-        if (base / p).exists():
-            return base / p
-    from dpsynth_core.data import data_dir
-
-    return data_dir() / p
-
-
-def data_source(spec: TrainDataSpec, config_path: Path) -> TableExampleSource:
-    """The public description of the training data, its path resolved: what Ray workers receive."""
-    return TableExampleSource.model_validate({**spec.model_dump(), "path": str(resolve_data_path(spec.path, config_path).resolve())})
-
-
-def build_examples(spec: TrainDataSpec, config_path: Path):
-    """Read the data through ``dpsynth_core.data.load_records`` (errors name file/column/row)."""
-    return data_source(spec, config_path).load()
 
 
 def already_finished(root: Path, snapshot: dict, stage: str) -> bool:
@@ -85,21 +32,6 @@ def already_finished(root: Path, snapshot: dict, stage: str) -> bool:
         announce_finished(root)
         return True
     return False
-
-
-def open_ledger(job: TrainJobConfig, n_units: int):
-    from dpsynth_core.privacy import PrivacyLedger, check_delta_for_size, default_delta
-
-    run_dir = Path(job.ledger.run_dir or job.output_dir)
-    if (run_dir / "ledger.sqlite").is_file():
-        ledger = PrivacyLedger.open(run_dir)
-        check_delta_for_size(ledger.delta, n_units, field="train.delta (the ledger's delta)")
-        return ledger
-    delta = job.train.delta if job.train.delta is not None else default_delta(max(n_units, 2))
-    check_delta_for_size(delta, n_units, field="train.delta")  # before a ledger with a useless delta exists
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return PrivacyLedger.create(run_dir, job.ledger.dataset, job.ledger.epsilon_budget or job.train.epsilon, delta,
-                                public_size=job.train.public_num_units or n_units)
 
 
 @app.callback(invoke_without_command=True)
@@ -118,13 +50,12 @@ def train(
     (--fresh moves the old run aside); one process per output_dir (a lock)."""
     from dpsynth_core.config import load_config
     from dpsynth_core.dpsgd.sampling import PrivacyUnits
-    from dpsynth_core.preflight import preflight
     from dpsynth_core.privacy.randomness import refuse_pinned_dp_seed
 
     job = load_config(config, TrainJobConfig)
     if not (fresh or check) and already_finished(Path(job.output_dir), job.model_dump(mode="json"), job.stage):
         return  # the rerun rule comes first: a finished run reads no data and is not checked against its own spend
-    plan = preflight("train", config, fresh=fresh)  # config, whole data file, delta, noise: before anything is written
+    plan = preflight_train(config, fresh=fresh)  # config, whole data file, delta, noise: before anything is written
     if check:
         typer.echo(plan.render())
         return
@@ -161,7 +92,7 @@ def run_training(job: TrainJobConfig, config: Path, source: TableExampleSource, 
         raise ConfigError(f"{config}: {exc}") from None
     runner = None
     if job.train.num_workers > 1:  # the CLI is the driver: it hands the engine the Ray Train runner
-        runner = importlib.import_module("ray_jobs.dp_finetune").run_dp_finetune  # like cli/run.py's drivers
+        from ray_jobs.dp_finetune import run_dp_finetune as runner
     # in-process: the examples already read; on Ray: the source, which each worker loads itself
     result = train_dp_lora(examples if runner is None else source, job.train, output_dir=Path(job.output_dir),
                            ledger=ledger, stage=job.stage, progress=progress, resume=resume, runner=runner)

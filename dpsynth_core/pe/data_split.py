@@ -28,7 +28,8 @@ from dpsynth_core.privacy.randomness import content_rank_keys, working_set
 PARTY_COL = "__party__"
 
 
-def _load_frame(cfg: PEConfig):
+def load_frame(cfg: PEConfig):
+    """The whole private file (or bioRxiv, or every party's file) and a name for it in messages."""
     d = cfg.data
     if d.source == "biorxiv":
         from dpsynth_core.data import load_biorxiv
@@ -48,7 +49,7 @@ def _load_frame(cfg: PEConfig):
 def split_data(cfg: PEConfig) -> tuple[PrivateData, list[str], list[str], list[str]]:
     """(private, test_texts, test_labels, classes); see the module docstring."""
     d = cfg.data
-    frame, where = _load_frame(cfg)
+    frame, where = load_frame(cfg)
     for col in (d.text_col, d.label_col):
         if col not in frame.columns:
             raise DataError(f"{where}: column '{col}' not found")
