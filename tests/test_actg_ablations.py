@@ -129,7 +129,7 @@ def test_direct_prompting_spends_no_eps2_and_public_data_is_in_the_ledger(data, 
     only the features (eps1) and says eps2 was not spent; the public labeled rows that trained the
     reward are a zero-epsilon entry; the release carries no adapter."""
     from dpsynth_core.actg.pipeline import run_pipeline
-    from dpsynth_core.runs.release import verify_release
+    from dpsynth_core.privacy.release_check import verify_release
 
     cfg = _config(data, tmp_path / "run", generator_mode="direct_prompt", privacy={"epsilon": 4.0})
     assert cfg.stages == ["schema", "reward_model", "private", "synthesize", "evaluate"]

@@ -157,7 +157,7 @@ def test_pipeline_end_to_end_on_ray_with_resume(ray_session, tmp_path):
     blob = (run / "metrics.json").read_text() + "".join(p.read_text() for p in stages.glob("*.done"))
     assert not any(r[:60] in blob for r in real)
     # release/: DP outputs, adapters and the ledger only (verified against its manifest)
-    from dpsynth_core.runs.release import verify_release
+    from dpsynth_core.privacy.release_check import verify_release
 
     released = set(verify_release(run)["files"])
     assert {"synthetic.jsonl", "features.csv", "schema.yaml", "ledger.json"} <= released

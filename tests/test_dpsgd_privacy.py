@@ -173,7 +173,7 @@ def test_dpsynth_train_writes_a_release_without_the_owner_only_curve(tmp_path):
     from typer.testing import CliRunner
 
     from dpsynth.cli.train import app
-    from dpsynth_core.runs.release import verify_release
+    from dpsynth_core.privacy.release_check import verify_release
 
     data = tmp_path / "d.csv"
     pd.DataFrame({"text": [f"row {i} says something" for i in range(40)]}).to_csv(data, index=False)

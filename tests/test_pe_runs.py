@@ -115,7 +115,7 @@ def test_augpe_federated_run(biorxiv_csv, tmp_path):
     assert vote.details["sigma"] == pytest.approx(nm)
     rows = _rows(run_dir / "synthetic.jsonl")
     assert len(rows) == 9 and [r["label"] for r in rows].count("microbiology") == 3
-    from dpsynth_core.runs.release import verify_release
+    from dpsynth_core.privacy.release_check import verify_release
 
     assert set(verify_release(run_dir)["files"]) == {"synthetic.jsonl", "ledger.json", "ledger.txt"}  # no metrics
 

@@ -10,7 +10,8 @@ import pytest
 
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.privacy import GaussianEvent, PrivacyLedger
-from dpsynth_core.runs.release import copy_release, verify_release, write_release
+from dpsynth_core.privacy.release_check import copy_release, verify_release
+from dpsynth_core.runs.release import write_release
 
 
 @pytest.fixture()

@@ -217,7 +217,7 @@ def test_shipped_private_sweep_config_passes_the_pre_launch_checks_that_need_no_
 # --------------------------------------------------------------------------------------------
 def test_dp_sweep_publishes_the_selection_epsilon_in_the_rebuilt_release(tmp_path, fake_trials, monkeypatch):
     import ray_jobs.sweep_private as sp
-    from dpsynth_core.runs.release import copy_release, verify_release
+    from dpsynth_core.privacy.release_check import copy_release, verify_release
     from dpsynth_core.tuning import single_trial_epsilon
 
     monkeypatch.setattr(sp, "draw_num_trials", lambda privacy: 3)
@@ -247,7 +247,7 @@ def test_release_is_refused_when_its_manifest_and_the_run_ledger_disagree(tmp_pa
     from typer.testing import CliRunner
 
     from dpsynth.cli.main import _app
-    from dpsynth_core.runs.release import verify_release
+    from dpsynth_core.privacy.release_check import verify_release
 
     run_dir = tmp_path / "run"
     ledger = PrivacyLedger.create(run_dir, dataset="d", epsilon_budget=10.0, delta=1e-5)
@@ -309,7 +309,7 @@ def test_dp_sweep_on_real_tune_is_silent_leaves_no_staging_and_keeps_a_trial_who
     import sys
 
     import ray_jobs.sweep_private as sp
-    from dpsynth_core.runs.release import verify_release
+    from dpsynth_core.privacy.release_check import verify_release
     from ray import cloudpickle, tune
     from ray_jobs.sweep import run_trial
 

@@ -15,7 +15,7 @@ def release(
 
     Example: dpsynth release runs/actg_demo /tmp/actg_demo_release
     """
-    from dpsynth_core.runs.release import copy_release
+    from dpsynth_core.privacy.release_check import copy_release
 
     manifest = copy_release(run_dir, dest)
     flag = "  NOT PRIVATE (test/reference run)" if manifest.get("not_private") else ""

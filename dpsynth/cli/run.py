@@ -59,7 +59,7 @@ def _preflight(pipeline: str, config: Path, check: bool) -> bool:
 def _run(pipeline: str, config: Path, fresh: bool, check: bool) -> None:
     if _preflight(pipeline, config, check):
         return
-    from dpsynth_core.runs.summary import now
+    from dpsynth.cli.run_summary import now
 
     started = now()
     driver = importlib.import_module(f"ray_jobs.{pipeline}")
@@ -68,7 +68,7 @@ def _run(pipeline: str, config: Path, fresh: bool, check: bool) -> None:
 
 def _summarize(run_dir: Path, started: float) -> None:
     """End with where the outputs are, epsilon spent of the budget, stages run/skipped."""
-    from dpsynth_core.runs.summary import summary_lines
+    from dpsynth.cli.run_summary import summary_lines
 
     for line in summary_lines(run_dir, started):
         typer.echo(line)
@@ -103,7 +103,7 @@ def aim(config: Path = _CONFIG, fresh: bool = _FRESH, check: bool = _CHECK) -> N
     """AIM baseline (smartnoise-synth) on a table: its own run, release and ledger."""
     if _preflight("aim", config, check):
         return
-    from dpsynth_core.runs.summary import now
+    from dpsynth.cli.run_summary import now
     from dpsynth_core.tabular.aim_run import main
 
     started = now()

@@ -5,14 +5,15 @@ ledger), owner-only reports that read real records (metrics, evaluation plots, t
 curve), and resumable state (checkpoints holding secret seeds). Only the first kind is safe to
 hand out. Each pipeline names its DP outputs once, in :func:`write_release`; everything else
 stays outside ``release/``, and ``dpsynth release RUN_DIR DEST`` copies nothing but that folder,
-after checking every file against the manifest's hashes.
+after checking every file against the manifest's hashes and the manifest against the run's ledger
+(``dpsynth_core.privacy.release_check``: this module sits below the ledger and takes the ledger
+object its caller opened).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -86,7 +87,7 @@ def rebuild_release(run_dir: str | Path, ledger, *, timestamps: bool = False) ->
     """Rewrite ``RUN_DIR/release/`` around ``ledger``: the same outputs (checked against the old
     manifest first), new ledger files and a new manifest. A DP sweep calls it once the best trial's
     ledger holds the selection event, so what is published states the selection's epsilon."""
-    old = _verify_files(run_dir)
+    old = verify_files(run_dir)
     root = release_dir(run_dir)
     outputs = {name: root / name for name in old["files"] if name not in (LEDGER_JSON, LEDGER_TEXT)}
     return write_release(run_dir, outputs, ledger=ledger, method=old["method"], timestamps=timestamps)
@@ -99,8 +100,9 @@ def read_manifest(run_dir: str | Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def _verify_files(run_dir: str | Path) -> dict:
-    """The manifest, after checking that ``release/`` holds exactly its files with their hashes."""
+def verify_files(run_dir: str | Path) -> dict:
+    """The manifest, after checking that ``release/`` holds exactly its files with their hashes. That it
+    states what ``ledger.sqlite`` does is checked above the ledger: ``privacy.release_check``."""
     manifest = read_manifest(run_dir)
     root = release_dir(run_dir)
     present = {str(p.relative_to(root)) for p in _files(root)} - {MANIFEST_FILE}
@@ -111,64 +113,4 @@ def _verify_files(run_dir: str | Path) -> dict:
     for name, digest in manifest["files"].items():
         if _sha256(root / name) != digest:
             raise ConfigError(f"{root / name}: changed since the release was written (sha256 mismatch)")
-    return manifest
-
-
-def _entry_list(entries) -> list[str]:
-    """Stage, kind, parameters and epsilon of each entry, comparable across JSON round trips."""
-    return [json.dumps([e["stage"], e["kind"], e["params"], round(float(e["epsilon"]), 9)], sort_keys=True)
-            for e in entries]
-
-
-def check_release_matches_ledger(run_dir: str | Path, manifest: dict) -> None:
-    """Refuse a release whose manifest or ledger files disagree with the run's ``ledger.sqlite``
-    (epsilon, budget, delta, the not-private mark, or the list of entries): it would publish a
-    guarantee the run's privacy spend does not support (a DP sweep's trial release, say)."""
-    from dpsynth_core.privacy import LEDGER_FILE, PrivacyLedger
-
-    run_dir = Path(run_dir)
-    if not (run_dir / LEDGER_FILE).is_file():
-        raise ConfigError(f"{run_dir}: no {LEDGER_FILE} next to release/; the release cannot be checked "
-                          "against the run's privacy spend")
-    ledger = PrivacyLedger.open(run_dir)
-    private = ledger.is_private
-    total = ledger.total_epsilon()
-    published = json.loads((release_dir(run_dir) / LEDGER_JSON).read_text(encoding="utf-8"))
-    problems = []
-    if bool(manifest.get("not_private")) != (not private):
-        problems.append("the not-private mark")
-    if private and not (manifest.get("epsilon") is not None and math.isclose(manifest["epsilon"], total, rel_tol=1e-6)):
-        problems.append(f"epsilon (manifest {manifest.get('epsilon')}, ledger.sqlite {total:.6g})")
-    if not math.isclose(float(published["total_epsilon"]), total, rel_tol=1e-6, abs_tol=1e-12):
-        problems.append(f"epsilon in {LEDGER_JSON} ({published['total_epsilon']}, ledger.sqlite {total:.6g})")
-    for key, value in (("epsilon_budget", ledger.epsilon_budget), ("delta", ledger.delta)):
-        if not math.isclose(float(manifest[key]), value, rel_tol=1e-9):
-            problems.append(f"{key} (manifest {manifest[key]}, ledger.sqlite {value:g})")
-    sqlite_entries = [{"stage": e.stage, "kind": e.kind, "params": e.params, "epsilon": e.epsilon}
-                      for e in ledger.entries()]
-    if _entry_list(published["entries"]) != _entry_list(sqlite_entries):
-        problems.append(f"the list of ledger entries ({LEDGER_JSON}: {[e['stage'] for e in published['entries']]}, "
-                        f"ledger.sqlite: {[e['stage'] for e in sqlite_entries]})")
-    if problems:
-        raise ConfigError(f"{release_dir(run_dir)}: disagrees with {run_dir / LEDGER_FILE} on {'; '.join(problems)}; "
-                          "it would publish a privacy guarantee the run's ledger does not state. Rebuild the "
-                          "release (a DP sweep rebuilds its best trial's release after selection)")
-
-
-def verify_release(run_dir: str | Path) -> dict:
-    """The manifest, after checking every file's hash and that it states what ``ledger.sqlite`` does."""
-    manifest = _verify_files(run_dir)
-    check_release_matches_ledger(run_dir, manifest)
-    return manifest
-
-
-def copy_release(run_dir: str | Path, dest: str | Path) -> dict:
-    """Copy ``RUN_DIR/release/`` (verified) to ``dest``, which must not exist or be empty."""
-    manifest = verify_release(run_dir)
-    dest = Path(dest)
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
-        raise ConfigError(f"{dest}: destination exists and is not an empty directory")
-    if dest.exists():
-        dest.rmdir()
-    atomic_dir(dest, lambda staging: shutil.copytree(release_dir(run_dir), staging, dirs_exist_ok=True))
     return manifest
