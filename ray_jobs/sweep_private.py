@@ -37,12 +37,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpsynth_core.errors import BudgetExceededError
+from dpsynth_core.errors import BudgetExceededError, ConfigError
 from dpsynth_core.tuning import draw_num_trials
-from dpsynth_core.tuning.plan import SweepBound, bound_sweep, planner_for
+from dpsynth_core.tuning.plan import Planner, SweepBound, bound_sweep
 from dpsynth_core.tuning.release import has_release, release_best, remove_trial
 from dpsynth_core.tuning.space import SearchSpace, draw_configurations
 from ray_jobs.sweep import TRIAL_PARAMS, SweepConfig, library_space, make_trainable, start_ray, trial_config
+
+
+def planner_for(pipeline: str) -> Planner:
+    """The method's privacy planner: it bounds a trial's cost from its config before any trial runs."""
+    from dpsynth_core.actg.sweep_planner import ActgPlanner
+
+    planners: dict[str, Planner] = {"actg": ActgPlanner()}
+    if pipeline not in planners:
+        raise ConfigError(
+            f"refusing a DP sweep of '{pipeline}': no privacy planner bounds its trials' cost before they "
+            f"run (planners: {', '.join(planners)}); tune it on a public/proxy data set (privacy.data: public)"
+        )
+    return planners[pipeline]
 
 
 @dataclass(frozen=True)
@@ -150,8 +163,6 @@ def _trial_dirs(config: SweepConfig) -> list[Path]:
 
 def run_private(config: SweepConfig, base: dict, ray_space: dict) -> dict:
     if (config.output_dir / "sweep.json").exists() or _trial_dirs(config):
-        from dpsynth_core.errors import ConfigError
-
         raise ConfigError(f"{config.output_dir}: already holds a sweep; a DP sweep needs a new output_dir "
                           "(one release per directory)")
     space, bound = plan_private(config, base, ray_space)
