@@ -90,7 +90,7 @@ def test_aim_selection_is_not_replayed_by_a_seeded_global_rng(monkeypatch):
     import snsynth.utils
     from snsynth.aim import AIMSynthesizer
 
-    from dpsynth_core.actg.aim_mechanism import make_aim
+    from dpsynth_core.privacy.aim import make_aim
 
     candidates, answers, model = _selection_case()
     eps = 1e-6  # near-uniform choice among 15 candidates: a pure test of the random draw

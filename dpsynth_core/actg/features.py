@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dpsynth_core.actg.aim_mechanism import make_aim, sample_rows
+from dpsynth_core.privacy.aim import make_aim, sample_rows
 from dpsynth_core.actg.schema import AttributeSchema
 from dpsynth_core.errors import ConfigError, DataError
 
@@ -94,7 +94,7 @@ def synthesize_features(
     ``n_rows`` synthetic rows (shuffled; AIM emits them sorted). Checks the ledger before
     touching the data and records ``ZCdpEvent(rho)`` after. ``aim_kwargs`` go to
     ``AIMSynthesizer`` (e.g. ``max_model_size``, ``rounds``, ``degree``).
-    AIM's selection and measurement noise come from OS entropy (``aim_mechanism``); ``seed`` only
+    AIM's selection and measurement noise come from OS entropy (``privacy.aim``); ``seed`` only
     seeds the post-processing: sampling rows from the fitted model and their shuffle.
     Writes ``out_path`` (CSV) atomically when given."""
     from dpsynth_core.privacy import ZCdpEvent

@@ -5,7 +5,7 @@ numeric bounds), never on the private data, so it spends no budget and learns no
 columns are binned into ``bins`` equal-width bins over the public bounds and decoded back to bin
 values. AIM's zCDP budget rho = cdp_rho(epsilon, delta) is checked and recorded in the ledger as
 a ``ZCdpEvent``. AIM's selection and measurement noise come from OS entropy
-(``actg.aim_mechanism``); ``seed`` only seeds post-processing (sampling rows from the fitted
+(``privacy.aim``); ``seed`` only seeds post-processing (sampling rows from the fitted
 model, shuffling them). AIM prints progress to stdout: it is suppressed. Its output comes sorted:
 shuffled.
 """
@@ -49,7 +49,7 @@ def aim_synthesize(
     from snsynth.transform import BinTransformer, LabelTransformer, TableTransformer
     from snsynth.utils import cdp_rho
 
-    from dpsynth_core.actg.aim_mechanism import make_aim, sample_rows
+    from dpsynth_core.privacy.aim import make_aim, sample_rows
     from dpsynth_core.privacy import ZCdpEvent
 
     real = schema.validate_frame(real, "AIM input")
