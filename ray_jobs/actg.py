@@ -62,6 +62,14 @@ def ray_runner(fn, cfg: ActgConfig, root: str, *, isolated: bool = False) -> dic
     return run_stage_task(task, cfg, str(Path(root).resolve()), stage=stage, run_dir=root)
 
 
+def serve_best_of_n(app: str, request: dict) -> list:
+    """Best-of-N on the running Serve app ``app`` (``best_of_n.serve_app``): the callable the library's
+    ``best_of_n`` stage calls, so the library itself imports neither Ray nor ``serving``."""
+    from serving.client import GenerationClient
+
+    return GenerationClient(app).best_of_n(**request)
+
+
 def main(config_path: Path, resume: bool = True) -> Path:
     """Run (or resume) the ACTG pipeline of ``config_path`` on Ray; return the run directory."""
     for k, v in OFFLINE_ENV.items():
@@ -69,7 +77,7 @@ def main(config_path: Path, resume: bool = True) -> Path:
     cfg = load_actg_config(config_path)
     run_dir = require_durable_run_dir(cfg.resolved_run_dir())  # a submitted job must write to shared storage
     with synced_run(run_dir, resume=resume), ray_session():  # s3:// / gs://: a mirror synced per stage
-        return run_pipeline(cfg, resume=resume, runner=ray_runner)
+        return run_pipeline(cfg, resume=resume, runner=ray_runner, serve_best_of_n=serve_best_of_n)
 
 
 def summary(run_dir: Path) -> str:

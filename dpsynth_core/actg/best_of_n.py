@@ -10,13 +10,15 @@ DP generator's output and of the DP (AIM) attribute table: it sees no private re
 nothing; :func:`record_post_processing` writes the zero-cost event to the ledger.
 
 Locally the candidates come from :func:`dpsynth_core.actg.generator.generate_texts` in-process.
-With a running Ray Serve generation app (``serving.app``), :func:`best_of_n_via_serve` sends the
-prompts to its ``BestOfN`` deployment with :func:`ifacc_scorer` as the scorer instead.
+With a running Ray Serve generation app (``best_of_n.serve_app``), :func:`best_of_n_on_serve` sends
+the prompts to its ``BestOfN`` deployment with :func:`ifacc_scorer` as the scorer instead, through a
+:data:`ServeBestOfN` callable that the Ray driver passes in (``ray_jobs.actg.serve_best_of_n``), as
+PE's drivers pass ``make_llms``: the library itself imports neither Ray nor ``serving``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from dpsynth_core.errors import DataError
@@ -122,19 +124,21 @@ def ifacc_scorer(prompt: str, completion: str, metadata: dict) -> float:
     return float(_SCORER_CACHE[key].ifacc([completion], [metadata["attributes"]])[0])
 
 
-def best_of_n_via_serve(handle, prompts: Sequence[str], attribute_rows: Sequence[dict[str, str]], *,
-                        n: int, schema_path: str, extractor_config: dict, max_new_tokens: int,
-                        temperature: float, top_p: float, seed: int) -> BestOfNResult:
-    """Best-of-N through a running Serve ``BestOfN`` deployment (``handle``): generation and
-    IFAcc scoring happen on the replicas; returns the same :class:`BestOfNResult`."""
-    from serving.schemas import BestOfNRequest
+# (Serve app name, BestOfNRequest fields) -> per prompt a result with .candidates, .scores, .best_index
+ServeBestOfN = Callable[[str, dict], Sequence]
+IFACC_SCORER = "dpsynth_core.actg.best_of_n:ifacc_scorer"
 
+
+def best_of_n_on_serve(serve_best_of_n: ServeBestOfN, app: str, prompts: Sequence[str],
+                       attribute_rows: Sequence[dict[str, str]], *, n: int, schema_path: str, extractor_config: dict,
+                       max_new_tokens: int, temperature: float, top_p: float, seed: int) -> BestOfNResult:
+    """Best-of-N through the ``BestOfN`` deployment of the running Serve app ``app``: generation and
+    IFAcc scoring happen on its replicas; returns the same :class:`BestOfNResult`."""
     metadata = [{"attributes": dict(a), "schema": str(schema_path), "extractor": dict(extractor_config)}
                 for a in attribute_rows]
-    request = BestOfNRequest(prompts=list(prompts), n=n, metadata=metadata,
-                             scorer="dpsynth_core.actg.best_of_n:ifacc_scorer",
-                             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
-    results = handle.best_of_n.remote(request).result()
+    request = {"prompts": list(prompts), "n": n, "metadata": metadata, "scorer": IFACC_SCORER,
+               "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
+    results = serve_best_of_n(app, request)
     return BestOfNResult(attribute_rows=[dict(a) for a in attribute_rows],
                          candidates=[list(r.candidates) for r in results],
                          scores=[list(r.scores) for r in results],

@@ -37,6 +37,7 @@ complete, never re-charged silently. The DP-SGD engine itself resumes from its c
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -47,11 +48,12 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from dpsynth_core.actg.anchored_rl import AnchoredRLConfig
+from dpsynth_core.actg.best_of_n import ServeBestOfN
 from dpsynth_core.actg.data_split import DataSettings, load_private_split
 from dpsynth_core.actg.extractors import ExtractorConfig
 from dpsynth_core.actg.generator import GenerationSettings
-from dpsynth_core.actg.stages_post import (stage_anchored_rl, stage_best_of_n, stage_generate, stage_reward_model,
-                                           stage_synthesize)
+from dpsynth_core.actg.stages_post import (serve_app_needs_the_driver, stage_anchored_rl, stage_best_of_n,
+                                           stage_generate, stage_reward_model, stage_synthesize)
 from dpsynth_core.config import OUTPUT_ROWS_CAP, THREADS_CAP, StrictConfig, cap, load_config
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.runs.files import atomic_write_text
@@ -339,8 +341,12 @@ def open_or_create_ledger(cfg: ActgConfig, root: Path):
 
 
 @locked_run(lambda cfg, **_: cfg.resolved_run_dir())  # one process per run (runs/lock.py)
-def run_pipeline(cfg: ActgConfig, *, resume: bool = True, runner: Runner = local_runner) -> Path:
-    """Run every stage not yet completed; return the run directory."""
+def run_pipeline(cfg: ActgConfig, *, resume: bool = True, runner: Runner = local_runner,
+                 serve_best_of_n: ServeBestOfN | None = None) -> Path:
+    """Run every stage not yet completed; return the run directory. ``serve_best_of_n``: how the
+    ``best_of_n`` stage reaches a Serve app (``best_of_n.serve_app``); the Ray driver passes it in."""
+    if cfg.best_of_n.serve_app and serve_best_of_n is None and "best_of_n" in cfg.stages:
+        raise ConfigError(serve_app_needs_the_driver(cfg.best_of_n.serve_app))
     root = prepare_run_dir(cfg, resume)
     if all(RunDir(root).done(s) for s in cfg.stages) and release_dir(root).is_dir():
         announce_finished(root)
@@ -354,6 +360,8 @@ def run_pipeline(cfg: ActgConfig, *, resume: bool = True, runner: Runner = local
             _write_release(cfg, rd)
         t0 = time.perf_counter()
         fn = STAGE_FUNCTIONS[name]
+        if name == "best_of_n" and serve_best_of_n is not None:  # keeps the stage's name for the runner
+            fn = functools.update_wrapper(functools.partial(fn, serve_best_of_n=serve_best_of_n), fn)
         summary = runner(fn, cfg, str(root), isolated=(name == "anchored_rl"))
         RunDir(root).mark(name, {"seconds": round(time.perf_counter() - t0, 2), **(summary or {})})
         if cfg.stop_after_stage == name:

@@ -11,6 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dpsynth_core.errors import ConfigError
+
+
+def serve_app_needs_the_driver(app: str) -> str:
+    return (f"best_of_n.serve_app '{app}': Best-of-N on a Serve app runs under the Ray driver (`dpsynth run actg`), "
+            "which passes the Serve client in; an in-process run scores its candidates itself (leave serve_app unset)")
+
 
 def _ctx(cfg, root: str):
     from dpsynth_core.actg.pipeline import RunDir, _schema, _threads
@@ -96,9 +103,11 @@ def stage_generate(cfg, root: str) -> dict:
     return summary
 
 
-def stage_best_of_n(cfg, root: str) -> dict:
-    """Reward-score the anchor candidates, keep the best -> anchors.jsonl (post-processing)."""
-    from dpsynth_core.actg.best_of_n import BestOfNResult, best_of_n_via_serve, record_post_processing, select_best
+def stage_best_of_n(cfg, root: str, serve_best_of_n=None) -> dict:
+    """Reward-score the anchor candidates, keep the best -> anchors.jsonl (post-processing). With
+    ``best_of_n.serve_app``, a running Serve app generates and scores them through ``serve_best_of_n``
+    (``best_of_n.ServeBestOfN``, passed in by the Ray driver)."""
+    from dpsynth_core.actg.best_of_n import BestOfNResult, best_of_n_on_serve, record_post_processing, select_best
     from dpsynth_core.actg.extractors import build_extractor
     from dpsynth_core.actg.pipeline import _prompts, read_jsonl, write_jsonl
     from dpsynth_core.config.placement import resolve_placement
@@ -108,14 +117,14 @@ def stage_best_of_n(cfg, root: str) -> dict:
     resolve_placement(reward.device, reward.dtype, section="reward.")  # the scoring model's, before any file
     rd, schema = _ctx(cfg, root)
     if cfg.best_of_n.serve_app:
-        from ray import serve
-
+        if serve_best_of_n is None:
+            raise ConfigError(serve_app_needs_the_driver(cfg.best_of_n.serve_app))
         rows = rows_of(cfg, rd, "anchor")
         g = cfg.generation
-        result = best_of_n_via_serve(serve.get_app_handle(cfg.best_of_n.serve_app), _prompts(cfg, rd, rows, len(rows)),
-                                     rows, n=cfg.best_of_n.n, schema_path=str(rd.schema),
-                                     extractor_config=reward.model_dump(), max_new_tokens=g.max_new_tokens,
-                                     temperature=g.temperature, top_p=g.top_p, seed=g.seed)
+        result = best_of_n_on_serve(serve_best_of_n, cfg.best_of_n.serve_app, _prompts(cfg, rd, rows, len(rows)),
+                                    rows, n=cfg.best_of_n.n, schema_path=str(rd.schema),
+                                    extractor_config=reward.model_dump(), max_new_tokens=g.max_new_tokens,
+                                    temperature=g.temperature, top_p=g.top_p, seed=g.seed)
     else:
         data = read_jsonl(rd.candidates)
         result = select_best([d["candidates"] for d in data], [d["attributes"] for d in data],
