@@ -195,11 +195,12 @@ def real_text_reference(scale: dict, run_dir: Path, repeats: int = 3) -> dict:
     from dpsynth_core.actg.data_split import load_private_split
     from dpsynth_core.actg.evaluation import cross_fitted_reading, djs
     from dpsynth_core.actg.extractors import ifacc_scores
-    from dpsynth_core.actg.pipeline import ActgConfig, _schema
+    from dpsynth_core.actg.pipeline import ActgConfig
+    from dpsynth_core.actg.run_files import load_run_schema
     from dpsynth_core.actg.supervised import SupervisedExtractor, columns_attributes
 
     cfg = ActgConfig.model_validate(actg_config(scale, 0, run_dir))
-    schema = _schema(cfg, run_dir)
+    schema = load_run_schema(cfg, run_dir)
     held = load_private_split(cfg).held_out
     texts = [str(t)[: cfg.data.max_chars] for t in held[cfg.data.text_col]]
     rows = columns_attributes(held, schema)

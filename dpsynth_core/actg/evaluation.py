@@ -114,7 +114,7 @@ def system_metrics(texts, targets, *, real_texts, real_rows, judge, reward, emb,
 
 def system_texts(cfg, rd) -> dict[str, tuple[list[str], list[dict] | None]]:
     """Each system's (texts, the attribute rows they were asked for, or None when unconditioned)."""
-    from dpsynth_core.actg.pipeline import read_jsonl
+    from dpsynth_core.actg.run_files import read_jsonl
 
     synth = read_jsonl(rd.synthetic)
     eval_pool = [r for r in synth if r.get("pool") == "eval"]
@@ -149,13 +149,13 @@ def evaluate_run(cfg, root: str) -> dict:
 
 def _evaluate_run(cfg, root: str) -> dict:
     from dpsynth_core.actg.extractors import build_extractor
-    from dpsynth_core.actg.pipeline import RunDir, _schema, _threads, read_jsonl
+    from dpsynth_core.actg.run_files import RunDir, load_run_schema, read_jsonl, set_torch_threads
     from dpsynth_core.runs.files import atomic_write_text
     from dpsynth_core.privacy import PrivacyLedger
 
-    _threads(cfg)
+    set_torch_threads(cfg)
     rd = RunDir(Path(root))
-    schema = _schema(cfg, rd.root)
+    schema = load_run_schema(cfg, rd.root)
     reward = build_extractor(cfg.reward_config(rd.root), schema) if cfg.mode == "actg" else None
     synth = read_jsonl(rd.synthetic)
     systems = system_texts(cfg, rd)

@@ -38,7 +38,6 @@ complete, never re-charged silently. The DP-SGD engine itself resumes from its c
 from __future__ import annotations
 
 import functools
-import json
 import math
 import time
 from collections.abc import Callable
@@ -52,16 +51,16 @@ from dpsynth_core.actg.best_of_n import ServeBestOfN
 from dpsynth_core.actg.data_split import DataSettings, load_private_split
 from dpsynth_core.actg.extractors import ExtractorConfig
 from dpsynth_core.actg.generator import GenerationSettings
+from dpsynth_core.actg.run_files import RunDir, load_run_schema, set_torch_threads
 from dpsynth_core.actg.stages_post import (serve_app_needs_the_driver, stage_anchored_rl, stage_best_of_n,
                                            stage_generate, stage_reward_model, stage_synthesize)
 from dpsynth_core.config import OUTPUT_ROWS_CAP, THREADS_CAP, StrictConfig, cap, load_config
 from dpsynth_core.errors import ConfigError
-from dpsynth_core.runs.files import atomic_write_text
 from dpsynth_core.privacy.randomness import refuse_test_only_knobs
 from dpsynth_core.runs.release import release_dir
 from dpsynth_core.config.resources import PipelineResources
 from dpsynth_core.runs.lock import locked_run
-from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir
+from dpsynth_core.runs import announce_finished, open_run_dir
 from dpsynth_core.runs.storage import RunDirPath
 
 STAGES_ACTG = ["schema", "reward_model", "private", "generate", "best_of_n", "anchored_rl", "synthesize", "evaluate"]
@@ -268,38 +267,6 @@ def load_actg_config(path: str | Path) -> ActgConfig:
 # ---------------------------------------------------------------------------------------------
 # run directory
 # ---------------------------------------------------------------------------------------------
-class RunDir(StageMarkers):
-    """Paths and completion markers (``runs.StageMarkers``) of one run."""
-
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        self.root = Path(root)
-        self.stages = self.dir
-
-    # outputs
-    schema = property(lambda self: self.root / "schema.yaml")
-    reward_model = property(lambda self: self.root / "reward_model")
-    plain_eval = property(lambda self: self.root / "plain_eval.jsonl")
-    rl_prompts = property(lambda self: self.root / "rl_prompts.csv")
-    features = property(lambda self: self.root / "features.csv")
-    generator = property(lambda self: self.root / "generator")
-    candidates = property(lambda self: self.root / "candidates.jsonl")
-    anchors = property(lambda self: self.root / "anchors.jsonl")
-    rl = property(lambda self: self.root / "rl")
-    synthetic = property(lambda self: self.root / "synthetic.jsonl")
-    metrics = property(lambda self: self.root / "metrics.json")
-    plots = property(lambda self: self.root / "plots")
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
 class StageInterrupted(RuntimeError):
     """Raised after ``stop_after_stage`` (tests simulate a crash with it)."""
 
@@ -390,19 +357,6 @@ def _write_release(cfg: ActgConfig, rd: RunDir) -> None:
 # ---------------------------------------------------------------------------------------------
 # stages: each takes (config, run_dir) and returns a small JSON summary (never a private value)
 # ---------------------------------------------------------------------------------------------
-def _threads(cfg: ActgConfig) -> None:
-    import torch
-
-    torch.set_num_threads(cfg.torch_threads)
-
-
-def _schema(cfg: ActgConfig, root: Path):
-    from dpsynth_core.actg.schema import load_schema
-
-    rd = RunDir(root)
-    return load_schema(rd.schema if rd.schema.is_file() else cfg.resolved(cfg.schema_path))
-
-
 def stage_schema(cfg: ActgConfig, root: str) -> dict:
     """Copy the public schema into the run directory (no data involved)."""
     from dpsynth_core.actg.schema import load_schema
@@ -417,12 +371,12 @@ def stage_private(cfg: ActgConfig, root: str) -> dict:
     eps1, DP-SGD under eps2. Returns DP outputs' summaries only."""
     from dpsynth_core.privacy import PrivacyLedger
 
-    _threads(cfg)
+    set_torch_threads(cfg)
     rd = RunDir(Path(root))
     ledger = PrivacyLedger.open(rd.root)
     train, _, public_size = load_private_split(cfg)
     texts = [str(t)[: cfg.data.max_chars] for t in train[cfg.data.text_col]]
-    schema = _schema(cfg, rd.root) if cfg.mode == "actg" else None
+    schema = load_run_schema(cfg, rd.root) if cfg.mode == "actg" else None
     attrs = None
     if cfg.mode == "actg" and not (rd.done("features") and (rd.done("dp_generator") or
                                                           cfg.generator_mode == "direct_prompt")):
@@ -508,25 +462,6 @@ def _run_dp_generator(cfg: ActgConfig, rd: RunDir, schema, texts: list[str], att
             "noise_multiplier": result.noise_multiplier, "sampling_rate": result.sampling_rate,
             "clipping_norm": None if cfg.is_reference else dp.max_grad_norm,
             "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None}
-
-
-def _synthetic_rows(cfg: ActgConfig, rd: RunDir) -> list[dict]:
-    import pandas as pd
-
-    schema = _schema(cfg, rd.root)
-    table = pd.read_csv(rd.features, dtype=str, keep_default_na=False)
-    schema.validate_table(table, source=str(rd.features))
-    return table[schema.field_names].to_dict("records")
-
-
-def _prompts(cfg: ActgConfig, rd: RunDir, rows: list[dict] | None, count: int) -> list[str]:
-    from dpsynth_core.actg.generator import format_prompt
-
-    template = cfg.template_text()
-    if rows is None:
-        return [format_prompt(None, None, template, text_description=cfg.data.text_description)] * count
-    schema = _schema(cfg, rd.root)
-    return [format_prompt(schema, r, template, text_description=cfg.data.text_description) for r in rows]
 
 
 def stage_evaluate(cfg: ActgConfig, root: str) -> dict:

@@ -11,6 +11,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dpsynth_core.actg.run_files import (
+    RunDir,
+    generator_prompts,
+    load_run_schema,
+    read_jsonl,
+    set_torch_threads,
+    synthetic_rows,
+    write_jsonl,
+)
 from dpsynth_core.errors import ConfigError
 
 
@@ -20,19 +29,16 @@ def serve_app_needs_the_driver(app: str) -> str:
 
 
 def _ctx(cfg, root: str):
-    from dpsynth_core.actg.pipeline import RunDir, _schema, _threads
-
-    _threads(cfg)
+    set_torch_threads(cfg)
     rd = RunDir(Path(root))
-    return rd, _schema(cfg, rd.root)
+    return rd, load_run_schema(cfg, rd.root)
 
 
 def pooled_rows(cfg, rd) -> list[tuple[str, dict]]:
     """(pool, attribute row) for every synthetic row of features.csv."""
-    from dpsynth_core.actg.pipeline import _synthetic_rows
     from dpsynth_core.actg.pools import pool_labels
 
-    rows = _synthetic_rows(cfg, rd)
+    rows = synthetic_rows(cfg, rd)
     return list(zip(pool_labels(len(rows), cfg.features.anchor_share, cfg.features.rl_share), rows))
 
 
@@ -80,7 +86,6 @@ def stage_generate(cfg, root: str) -> dict:
 
     from dpsynth_core.actg.best_of_n import record_post_processing
     from dpsynth_core.actg.generator import generate_texts, open_generator
-    from dpsynth_core.actg.pipeline import _prompts, write_jsonl
     from dpsynth_core.config.placement import resolve_placement
     from dpsynth_core.privacy import PrivacyLedger
 
@@ -92,10 +97,10 @@ def stage_generate(cfg, root: str) -> dict:
     n = cfg.best_of_n.n
     summary = {"anchor_rows": len(anchor), "rl_rows": len(rl), "eval_rows": len(held), "n": n}
     with open_generator(cfg.dpsgd_config(1.0).model, adapter, cfg.generation) as engine:
-        plain = [c[0] for c in generate_texts(engine, None, _prompts(cfg, rd, held, len(held)), cfg.generation, n=1,
+        plain = [c[0] for c in generate_texts(engine, None, generator_prompts(cfg, rd, held, len(held)), cfg.generation, n=1,
                                               desc="plain samples for the eval pool")]
         if not cfg.best_of_n.serve_app:  # else the candidates are generated inside stage_best_of_n
-            cands = generate_texts(engine, None, _prompts(cfg, rd, anchor, len(anchor)), cfg.generation, n=n,
+            cands = generate_texts(engine, None, generator_prompts(cfg, rd, anchor, len(anchor)), cfg.generation, n=n,
                                    desc=f"generating {n} candidates per anchor row")
             write_jsonl(rd.candidates, [{"attributes": r, "candidates": c} for r, c in zip(anchor, cands)])
     write_jsonl(rd.plain_eval, [{"text": t, "attributes": r, "pool": "eval"} for t, r in zip(plain, held)])
@@ -109,7 +114,6 @@ def stage_best_of_n(cfg, root: str, serve_best_of_n=None) -> dict:
     (``best_of_n.ServeBestOfN``, passed in by the Ray driver)."""
     from dpsynth_core.actg.best_of_n import BestOfNResult, best_of_n_on_serve, record_post_processing, select_best
     from dpsynth_core.actg.extractors import build_extractor
-    from dpsynth_core.actg.pipeline import _prompts, read_jsonl, write_jsonl
     from dpsynth_core.config.placement import resolve_placement
     from dpsynth_core.privacy import PrivacyLedger
 
@@ -121,7 +125,7 @@ def stage_best_of_n(cfg, root: str, serve_best_of_n=None) -> dict:
             raise ConfigError(serve_app_needs_the_driver(cfg.best_of_n.serve_app))
         rows = rows_of(cfg, rd, "anchor")
         g = cfg.generation
-        result = best_of_n_on_serve(serve_best_of_n, cfg.best_of_n.serve_app, _prompts(cfg, rd, rows, len(rows)),
+        result = best_of_n_on_serve(serve_best_of_n, cfg.best_of_n.serve_app, generator_prompts(cfg, rd, rows, len(rows)),
                                     rows, n=cfg.best_of_n.n, schema_path=str(rd.schema),
                                     extractor_config=reward.model_dump(), max_new_tokens=g.max_new_tokens,
                                     temperature=g.temperature, top_p=g.top_p, seed=g.seed)
@@ -164,10 +168,9 @@ def stage_synthesize(cfg, root: str) -> dict:
     vanilla mode)."""
     from dpsynth_core.actg.best_of_n import record_post_processing
     from dpsynth_core.actg.generator import generate_texts, open_generator
-    from dpsynth_core.actg.pipeline import RunDir, _prompts, _threads, write_jsonl
     from dpsynth_core.privacy import PrivacyLedger
 
-    _threads(cfg)
+    set_torch_threads(cfg)
     rd = RunDir(Path(root))
     base = cfg.dpsgd_config(1.0).model
     if cfg.mode == "actg":
@@ -181,7 +184,7 @@ def stage_synthesize(cfg, root: str) -> dict:
     count = len(rows) if rows is not None else cfg.features.n_synthetic
     settings = cfg.generation.model_copy(update={"seed": cfg.generation.seed + 1})  # fresh samples
     with open_generator(base, adapter, settings) as engine:
-        texts = [c[0] for c in generate_texts(engine, None, _prompts(cfg, rd, rows, count), settings, n=1,
+        texts = [c[0] for c in generate_texts(engine, None, generator_prompts(cfg, rd, rows, count), settings, n=1,
                                               desc="synthesizing")]
     if rows is None:
         out = [{"text": t} for t in texts]
