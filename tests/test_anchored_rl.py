@@ -12,7 +12,6 @@ import torch
 
 from dpsynth_core.actg.anchored_rl import (
     AnchoredRLConfig,
-    GammaSchedule,
     RLArtifacts,
     anchored_rl_step,
     assert_no_private_paths,
@@ -20,6 +19,7 @@ from dpsynth_core.actg.anchored_rl import (
     rloo_advantages,
     run_anchored_rl,
 )
+from dpsynth_core.actg.anchored_rl_base import GammaSchedule
 from dpsynth_core.actg.generator import format_prompt, load_prompt_template
 from dpsynth_core.actg.schema import schema_from_dict
 from dpsynth_core.errors import DataError

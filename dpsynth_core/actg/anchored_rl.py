@@ -51,82 +51,17 @@ is written against accelerate's public API (prepare / backward / unwrap_model) b
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dpsynth_core.config import BATCH_CAP, NEW_TOKENS_CAP, SEQ_LEN_CAP, STEPS_CAP, StrictConfig, cap
+from dpsynth_core.actg.anchored_rl_base import AnchoredRLConfig, RewardFn, sft_loss
 from dpsynth_core.errors import DataError
-
-RewardFn = Callable[[list[str], list[dict]], list[float]]
-
-
-# ---------------------------------------------------------------------------------------------
-# gamma(t)
-# ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class GammaSchedule:
-    """Weight of the SFT anchor term at step t in [0, total_steps - 1]: gamma0 at the first step,
-    gamma1 at the last. ``linear`` (default), ``cosine`` (slow-fast-slow), ``step`` (gamma0 until
-    ``step_at`` of the run, then gamma1)."""
-
-    gamma0: float = 2.0
-    gamma1: float = 0.2
-    total_steps: int = 1
-    kind: Literal["linear", "cosine", "step"] = "linear"
-    step_at: float = 0.5
-
-    def __call__(self, t: int) -> float:
-        frac = 0.0 if self.total_steps <= 1 else min(max(t / (self.total_steps - 1), 0.0), 1.0)
-        if self.kind == "linear":
-            return self.gamma0 + (self.gamma1 - self.gamma0) * frac
-        if self.kind == "cosine":
-            return self.gamma1 + (self.gamma0 - self.gamma1) * 0.5 * (1.0 + math.cos(math.pi * frac))
-        return self.gamma0 if frac < self.step_at else self.gamma1
-
-
-class AnchoredRLConfig(StrictConfig):
-    """Anchored RL (RLOO) settings. Defaults are the reference gamma0=2.0 -> gamma1=0.2, linear."""
-
-    steps: Annotated[int, STEPS_CAP] = Field(4, ge=1)
-    prompts_per_step: Annotated[int, BATCH_CAP] = Field(4, ge=1)
-    group_size: Annotated[int, cap(64, 'completions generated per prompt and step')] = Field(2, ge=2)  # completions per prompt; >= 2 for a leave-one-out baseline
-    anchor_batch_size: Annotated[int, BATCH_CAP] = Field(4, ge=1)
-    learning_rate: float = Field(1e-4, gt=0)
-    max_grad_norm: float = Field(1.0, gt=0)
-    # KL to the DP generator, as a per-sequence reward penalty (the reference's PPO: KL 0.2); 0 = none
-    beta: float = Field(0.2, ge=0)
-    gamma0: float = Field(2.0, ge=0)
-    gamma1: float = Field(0.2, ge=0)
-    schedule: Literal["linear", "cosine", "step"] = "linear"
-    step_at: float = Field(0.5, gt=0, lt=1)
-    max_new_tokens: Annotated[int, NEW_TOKENS_CAP] = Field(96, ge=1)
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_seq_len: Annotated[int, SEQ_LEN_CAP] = Field(384, ge=16)
-    seed: int = 0
-    # "trl": trl.RLOOTrainer + the anchor term (anchored_rl_trl.py); "torch": the same update in
-    # plain torch below (no Trainer machinery; its accelerate path is the ZeRO-3 route).
-    engine: Literal["trl", "torch"] = "trl"
-    use_accelerate: bool = False  # engine "torch" on GPU clusters: DeepSpeed ZeRO-3 via accelerate (unmeasured here)
-    # where the policy trains (dpsynth_core.config.placement); LoRA weights stay fp32 under a bf16 base
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["auto", "bf16", "fp32"] = "auto"
-
-    def placement(self):
-        from dpsynth_core.config.placement import resolve_placement
-
-        return resolve_placement(self.device, self.dtype, section="rl.")
-
-    def gamma_schedule(self) -> GammaSchedule:
-        return GammaSchedule(self.gamma0, self.gamma1, self.steps, self.schedule, self.step_at)
 
 
 class RLArtifacts(BaseModel):
@@ -246,17 +181,6 @@ def kl_to_reference(policy, seqs, attn, width: int, mask, reference: str = "ref"
         finally:
             policy.set_adapter("default")
     return (logp - ref) * tokens
-
-
-def sft_loss(policy, tokenizer, anchor_examples: Sequence, max_seq_len: int):
-    """Mean target-token cross entropy of the policy on a batch of anchor TrainExamples."""
-    from dpsynth_core.dpsgd.data import collate, per_example_loss, tokenize_examples
-
-    rows = tokenize_examples(anchor_examples, tokenizer, max_seq_len)
-    batch = {k: v.to(policy.device) for k, v in collate(rows, tokenizer.pad_token_id).items()}
-    logits = policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    position_ids=batch["position_ids"]).logits
-    return per_example_loss(logits, batch["labels"]).mean()
 
 
 def anchored_rl_step(policy, tokenizer, optimizer, *, prompts: Sequence[str], targets: Sequence[dict],
@@ -427,39 +351,3 @@ def run_anchored_rl(artifacts: RLArtifacts, config: AnchoredRLConfig, output_dir
     hist_tmp.write_text(json.dumps(history, indent=2))
     os.replace(hist_tmp, output_dir / "rl_history.json")
     return RLResult(adapter_dir=final, history=history)
-
-
-
-def plot_rl_history(history: Sequence[dict], path: Path) -> Path:
-    """Reward, SFT loss and gamma per RL step (matplotlib Agg, written atomically)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [h["step"] for h in history]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, [h["reward"] for h in history], marker="o", label="reward (IFAcc)")
-    ax.plot(steps, [h["sft_loss"] for h in history], marker="s", label="anchor SFT loss")
-    ax.set_xlabel("RL step")
-    ax2 = ax.twinx()
-    ax2.plot(steps, [h["gamma"] for h in history], color="tab:gray", linestyle="--", label="gamma(t)")
-    ax2.set_ylabel("gamma")
-    lines = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
-    ax.legend(lines, [l.get_label() for l in lines], loc="best", fontsize=8)
-    ax.set_title("Anchored RL (RLOO + gamma(t) * SFT)")
-    return _save(fig, Path(path))
-
-
-def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}{path.suffix}")
-    try:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-        os.replace(tmp, path)
-    finally:
-        plt.close(fig)
-        tmp.unlink(missing_ok=True)
-    return path

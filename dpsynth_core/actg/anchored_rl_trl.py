@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from dpsynth_core.actg.anchored_rl import AnchoredRLConfig, GammaSchedule, RewardFn
+    from dpsynth_core.actg.anchored_rl_base import AnchoredRLConfig, GammaSchedule, RewardFn
 
 
 def _anchored_trainer_class():
@@ -35,7 +35,7 @@ def _anchored_trainer_class():
     import torch
     from trl import RLOOTrainer
 
-    from dpsynth_core.actg.anchored_rl import sft_loss
+    from dpsynth_core.actg.anchored_rl_base import sft_loss
 
     class AnchoredRLOOTrainer(RLOOTrainer):
         """RLOO whose loss is L_RL + gamma(t) * L_SFT(anchors), in one optimizer step."""

@@ -143,25 +143,3 @@ def best_of_n_on_serve(serve_best_of_n: ServeBestOfN, app: str, prompts: Sequenc
                          candidates=[list(r.candidates) for r in results],
                          scores=[list(r.scores) for r in results],
                          best_index=[int(r.best_index) for r in results])
-
-
-def plot_ifacc_stages(values: dict[str, float], path) -> object:
-    """Bar chart of mean IFAcc per stage (plain sampling, Best-of-N, after RL)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from dpsynth_core.actg.anchored_rl import _save
-
-    names = list(values)
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    bars = ax.bar(names, [values[n] for n in names], color=["tab:gray", "tab:blue", "tab:green"][: len(names)])
-    for b, n in zip(bars, names):
-        ax.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{values[n]:.3f}", ha="center", va="bottom")
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("mean IFAcc")
-    ax.set_title("Instruction-following accuracy")
-    from pathlib import Path
-
-    return _save(fig, Path(path))

@@ -243,8 +243,7 @@ def _agreement(extractor, texts, rows, fields) -> float:
 
 def _plots(cfg, rd, real_texts: list[str], texts: list[str], m: dict) -> list[str]:
     from dpsynth_core.actg import text_eval
-    from dpsynth_core.actg.anchored_rl import plot_rl_history
-    from dpsynth_core.actg.best_of_n import plot_ifacc_stages
+    from dpsynth_core.actg.plots import plot_ifacc_stages, plot_rl_history
 
     out = [text_eval.plot_length_histograms(real_texts, texts, rd.plots / "lengths.png")]
     main = m["systems"][cfg.main_system]
