@@ -194,7 +194,7 @@ def real_text_reference(scale: dict, run_dir: Path, repeats: int = 3) -> dict:
     every evaluation here (the held-out texts are outside the DP guarantee)."""
     from dpsynth_core.actg.data_split import load_private_split
     from dpsynth_core.actg.evaluation import cross_fitted_reading, djs
-    from dpsynth_core.actg.extractors import ifacc_scores
+    from dpsynth_core.actg.extractor_base import ifacc_scores
     from dpsynth_core.actg.pipeline import ActgConfig
     from dpsynth_core.actg.run_files import load_run_schema
     from dpsynth_core.actg.supervised import SupervisedExtractor, columns_attributes

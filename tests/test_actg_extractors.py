@@ -10,13 +10,12 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import numpy as np
 import pytest
 
+from dpsynth_core.actg.extractor_base import ifacc_scores, snap_to_option
 from dpsynth_core.actg.extractors import (
     ExtractorConfig,
     LMChoiceExtractor,
     OpenAIExtractor,
     build_extractor,
-    ifacc_scores,
-    snap_to_option,
 )
 from dpsynth_core.actg.schema import builtin_schema
 from dpsynth_core.errors import ConfigError, DataError

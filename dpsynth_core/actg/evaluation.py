@@ -89,7 +89,7 @@ def system_metrics(texts, targets, *, real_texts, real_rows, judge, reward, emb,
                    mauve: bool, classifier: bool, real_read=None, private_free: dict | None = None) -> dict:
     """Every metric of one system's texts (``targets``: the attribute rows they were asked for)."""
     from dpsynth_core.actg import text_eval
-    from dpsynth_core.actg.extractors import ifacc_scores
+    from dpsynth_core.actg.extractor_base import ifacc_scores
 
     m = dict(private_free) if private_free is not None else private_free_metrics(texts, targets, reward)
     judged = judge.extract(texts) if judge is not None else None

@@ -24,7 +24,7 @@ from typing import Literal, Sequence
 import numpy as np
 import pandas as pd
 
-from dpsynth_core.actg.extractors import AttributeExtractor, snap_to_option
+from dpsynth_core.actg.extractor_base import AttributeExtractor, snap_to_option
 from dpsynth_core.actg.schema import AttributeSchema
 from dpsynth_core.errors import DataError
 
