@@ -101,7 +101,7 @@ def plan_privacy(
             f"training {unit_name}" + ("" if config.public_num_units else f" ({n})")
         )
     delta = resolve_delta(config, n_public, ledger)
-    from dpsynth_core.dpsgd.engine import validate_target_modules
+    from dpsynth_core.dpsgd.lora_targets import validate_target_modules
 
     validate_target_modules(config)
     q = sampling_rate(config, n)

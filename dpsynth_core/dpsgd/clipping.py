@@ -23,8 +23,9 @@ _EPS = 1e-6  # same stabiliser as opacus
 warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
 
 
-class _ZeroGrad:
-    """The bit of an optimizer that opacus's ghost backward calls between its two passes."""
+class GradZeroer:
+    """The bit of an optimizer that opacus's ghost backward calls between its two passes (ghost clipping
+    here and in fsdp.py)."""
 
     def __init__(self, params: list[nn.Parameter]):
         self.params = params
@@ -113,7 +114,7 @@ class GhostClipper(PerSampleClipper):
             use_ghost_clipping=True,
             strict=False,
         )
-        self._zero = _ZeroGrad(self.params)
+        self._zero = GradZeroer(self.params)
 
     @property
     def module(self) -> nn.Module:

@@ -23,8 +23,9 @@ from torch import nn
 
 from dpsynth_core.dpsgd.budget import sampling_rate as poisson_rate
 from dpsynth_core.dpsgd.clipping import PerSampleClipper, make_clipper
-from dpsynth_core.dpsgd.config import DpSgdConfig, LoraSettings, TrainExample
+from dpsynth_core.dpsgd.config import DpSgdConfig, TrainExample
 from dpsynth_core.dpsgd.data import collate, per_example_loss, tokenize_examples
+from dpsynth_core.dpsgd.lora_targets import check_target_modules
 from dpsynth_core.dpsgd.sampling import PoissonSampler, PrivacyUnits, physical_chunks, select_examples
 from dpsynth_core.config.placement import Placement, resolve_placement
 from dpsynth_core.errors import ConfigError
@@ -52,35 +53,6 @@ class DistContext:
 
 def resolve_device(config: DpSgdConfig, local_rank: int = 0) -> torch.device:
     return resolve_placement(config.device, config.dtype, local_rank=local_rank).torch_device()
-
-
-def module_leaf_names(model: nn.Module) -> set[str]:
-    return {name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name}
-
-
-def check_target_modules(model: nn.Module, lora: LoraSettings, model_name: str) -> None:
-    """ConfigError naming the unknown LoRA target modules and the linear layers that do exist."""
-    names = module_leaf_names(model)
-    unknown = [t for t in lora.target_modules if t not in names]
-    if unknown:
-        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-        raise ConfigError(
-            f"field 'lora.target_modules': {unknown} not found in model '{model_name}'; "
-            f"its linear layers are {linear}"
-        )
-
-
-def validate_target_modules(config: DpSgdConfig) -> None:
-    """Check LoRA target modules against the model's module names without loading weights
-    (the model is built on the meta device), so a typo fails before any data is read."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from dpsynth_core.models import resolve_model_dir
-
-    hf_config = AutoConfig.from_pretrained(resolve_model_dir(config.model))
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config)
-    check_target_modules(model, config.lora, config.model)
 
 
 def stage_placement(config: DpSgdConfig, device: torch.device) -> Placement:

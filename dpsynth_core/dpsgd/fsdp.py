@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dpsynth_core.dpsgd.clipping import GhostClipper, PerSampleClipper, _ZeroGrad
+from dpsynth_core.dpsgd.clipping import GhostClipper, PerSampleClipper, GradZeroer
 from dpsynth_core.dpsgd.engine import DpSgdEngine, derived_seed
 from dpsynth_core.dpsgd.sampling import physical_chunks
 
@@ -55,7 +55,7 @@ class FsdpGhostClipper(GhostClipper):
         self._gsm = GradSampleModuleFastGradientClippingFSDP(
             sharded, batch_first=True, loss_reduction="sum", max_grad_norm=self.max_grad_norm, strict=False,
         )
-        self._zero = _ZeroGrad(self.params)
+        self._zero = GradZeroer(self.params)
 
     @staticmethod
     def _local_grad(grad: torch.Tensor) -> torch.Tensor:
