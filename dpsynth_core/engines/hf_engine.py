@@ -22,7 +22,7 @@ class HFEngine(TextEngine):
     def __init__(self, config: EngineConfig) -> None:
         import torch
 
-        from dpsynth_core.engines.factory import engine_placement
+        from dpsynth_core.engines.placement import engine_placement
 
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
@@ -31,7 +31,7 @@ class HFEngine(TextEngine):
         self.model, self.tokenizer = load_hf_model(config.model, config.adapter_dir, self.placement)
 
     def run(self, prompts: Sequence[str], params: SamplingParams) -> GenerationBatch:
-        from dpsynth_core.engines import hf_sampling
+        import dpsynth_core.engines.hf_sampling as hf_sampling  # by full name: not through engines/__init__
 
         if params.regex is not None:
             raise ConfigError("regex-constrained sampling needs the vllm engine (HF constrains rows with "

@@ -17,7 +17,7 @@ from pathlib import Path
 from dpsynth_core.engines.adapters import adapter_kind, lora_rank, merge_adapter
 from dpsynth_core.engines.base import GenerationBatch, TextEngine, cut_at_stop
 from dpsynth_core.engines.config import EngineConfig, SamplingParams
-from dpsynth_core.engines.factory import vllm_device
+from dpsynth_core.engines.placement import vllm_device
 from dpsynth_core.engines.vllm_cpu import cpu_dtype, cpu_engine_env
 from dpsynth_core.privacy.randomness import secret_seed
 
