@@ -38,8 +38,6 @@ import functools
 import math
 from collections.abc import Sequence
 
-import numpy as np
-
 from dpsynth_core.privacy.accountants import PLD_DISCRETIZATION
 from dpsynth_core.privacy.events import (
     DpSgdEvent,
@@ -48,16 +46,11 @@ from dpsynth_core.privacy.events import (
     SelectionEvent,
     ZCdpEvent,
     rdp_curve,
+    rdp_orders,
 )
 from dpsynth_core.privacy.zcdp import zcdp_to_epsilon
 
 DELTA_SPLITS = (0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.9)
-# dp_accounting's default orders plus a geometric grid for zCDP / Gaussian optima in between.
-def _rdp_orders() -> tuple[float, ...]:
-    from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
-
-    extra = [float(x) for x in np.round(np.geomspace(1.02, 200.0, 80), 4)]
-    return tuple(sorted(set(float(o) for o in DEFAULT_RDP_ORDERS) | set(extra)))
 
 
 def _private_events(events: Sequence) -> tuple:
@@ -83,7 +76,7 @@ def _pld_of(event: DpSgdEvent | GaussianEvent):
 def _rdp_epsilon(events: tuple, delta: float) -> float:
     from dp_accounting.rdp import rdp_privacy_accountant
 
-    orders = _rdp_orders()
+    orders = rdp_orders()
     eps, _ = rdp_privacy_accountant.compute_epsilon(orders, rdp_curve(events, orders), delta)
     return float(eps)
 

@@ -104,6 +104,15 @@ _BaseEvent = Annotated[Union[DpSgdEvent, GaussianEvent, ZCdpEvent], Field(discri
 _SELECTION_SHAPES = {"poisson": math.inf, "geometric": 1.0, "logarithmic": 0.0}
 
 
+def rdp_orders() -> tuple[float, ...]:
+    """The RDP orders every composition uses: dp_accounting's default orders plus a geometric grid for
+    zCDP / Gaussian optima in between."""
+    from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
+
+    extra = [float(x) for x in np.round(np.geomspace(1.02, 200.0, 80), 4)]
+    return tuple(sorted(set(float(o) for o in DEFAULT_RDP_ORDERS) | set(extra)))
+
+
 def rdp_curve(events, orders) -> np.ndarray:
     """RDP epsilon at each order of ``events`` composed (RDP adds per order)."""
     from dp_accounting.rdp import RdpAccountant
@@ -153,9 +162,7 @@ class SelectionEvent(_Event):
     def epsilon(self, delta: float) -> float:
         from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
-        from dpsynth_core.privacy.composition import _rdp_orders
-
-        orders = _rdp_orders()
+        orders = rdp_orders()
         eps, _ = rdp.compute_epsilon(orders, self.rdp_curve(orders), delta)
         return float(eps)
 

@@ -71,10 +71,9 @@ class SweepBound:
 
     def covers(self, events) -> bool:
         """Whether a trial that actually ran spent within the per-trial curve (at every order)."""
-        from dpsynth_core.privacy.composition import _rdp_orders
-        from dpsynth_core.privacy.events import rdp_curve
+        from dpsynth_core.privacy.events import rdp_curve, rdp_orders
 
-        orders = _rdp_orders()
+        orders = rdp_orders()
         private = [e for e in events if e.kind != "post_processing"]
         bound = self.per_trial_curve(orders)
         return bool(np.all(rdp_curve(private, orders) <= bound * (1 + 1e-6) + 1e-12))
@@ -130,8 +129,7 @@ def _quiet_absl():
 
 
 def _bound(planner: Planner, relevant: SearchSpace, fixed: dict, config_for, privacy, cells_per_interval: int):
-    from dpsynth_core.privacy.composition import _rdp_orders
-    from dpsynth_core.privacy.events import SelectionEvent, rdp_curve
+    from dpsynth_core.privacy.events import SelectionEvent, rdp_curve, rdp_orders
 
     cells = grid_cells(relevant, cells_per_interval)
     points = {tuple(sorted(c.items())) for cell in cells for c in cell}
@@ -147,7 +145,7 @@ def _bound(planner: Planner, relevant: SearchSpace, fixed: dict, config_for, pri
         raise ConfigError("refusing a DP sweep: the space changes the trials' delta or dataset; one ledger "
                           "composes at one delta on one dataset")
 
-    orders = _rdp_orders()
+    orders = rdp_orders()
     curve_cache: dict = {}
 
     def curve_of(event):

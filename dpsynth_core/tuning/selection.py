@@ -129,9 +129,8 @@ def single_trial_epsilon(events: Sequence, delta: float) -> float:
     """RDP epsilon of one trial alone (for comparison with the tuning cost)."""
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
-    from dpsynth_core.privacy.composition import _rdp_orders
-    from dpsynth_core.privacy.events import rdp_curve
+    from dpsynth_core.privacy.events import rdp_curve, rdp_orders
 
-    orders = _rdp_orders()
+    orders = rdp_orders()
     eps, _ = rdp.compute_epsilon(orders, rdp_curve(events, orders), delta)
     return float(eps)
