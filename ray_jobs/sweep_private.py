@@ -42,7 +42,7 @@ from dpsynth_core.tuning import draw_num_trials
 from dpsynth_core.tuning.plan import Planner, SweepBound, bound_sweep
 from dpsynth_core.tuning.release import has_release, release_best, remove_trial
 from dpsynth_core.tuning.space import SearchSpace, draw_configurations
-from ray_jobs.sweep import TRIAL_PARAMS, SweepConfig, library_space, make_trainable, start_ray, trial_config
+from ray_jobs.sweep_trials import TRIAL_PARAMS, SweepConfig, library_space, make_trainable, start_ray, trial_config
 
 
 def planner_for(pipeline: str) -> Planner:

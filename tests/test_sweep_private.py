@@ -196,7 +196,7 @@ def test_released_ledger_keeps_a_trial_s_not_private_mark(tmp_path, fake_trials,
 def test_search_domains_that_cannot_be_bounded_are_refused():
     from ray import tune
 
-    from ray_jobs.sweep import library_space
+    from ray_jobs.sweep_trials import library_space
 
     space = library_space({"a": tune.uniform(0.1, 0.9), "b": tune.choice([1, 2]), "c": tune.randint(1, 4), "d": 3})
     assert space["a"].low == 0.1 and space["b"].values == (1, 2) and space["c"].values == (1, 2, 3)
@@ -311,7 +311,7 @@ def test_dp_sweep_on_real_tune_is_silent_leaves_no_staging_and_keeps_a_trial_who
     import ray_jobs.sweep_private as sp
     from dpsynth_core.privacy.release_check import verify_release
     from ray import cloudpickle, tune
-    from ray_jobs.sweep import run_trial
+    from ray_jobs.sweep_trials import run_trial
 
     session = Path(ray_session._private.worker._global_node.get_session_dir_path())
     planner = SplitPlanner()
