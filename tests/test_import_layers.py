@@ -14,46 +14,26 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("dpsynth", "dpsynth_core", "ray_jobs", "serving", "tune_spaces")
 
+Sources = dict[str, tuple[str, bool]]  # dotted module name -> (source, is a package's __init__)
 
-def module_files() -> dict[str, Path]:
-    """Dotted module name -> source file, for every module of the project's packages."""
-    modules = {}
+
+def project_sources() -> Sources:
+    sources = {}
     for package in PACKAGES:
         for path in sorted((REPO / package).rglob("*.py")):
             parts = list(path.relative_to(REPO).with_suffix("").parts)
-            if parts[-1] == "__init__":
+            is_package = parts[-1] == "__init__"
+            if is_package:
                 parts.pop()
-            modules[".".join(parts)] = path
-    return modules
-
-
-MODULES = module_files()
-
-
-def is_package(name: str) -> bool:
-    return MODULES[name].name == "__init__.py"
-
-
-def owner(name: str) -> str | None:
-    """The project module that defines ``name`` (the longest importable prefix), or None (third party)."""
-    parts = name.split(".")
-    for end in range(len(parts), 0, -1):
-        candidate = ".".join(parts[:end])
-        if candidate in MODULES:
-            return candidate
-    return None
-
-
-def imports_of(name: str) -> list[tuple[str, str | None, int]]:
-    """(imported module, imported name or None, line) for every import statement of module ``name``."""
-    return imports_in(MODULES[name].read_text(encoding="utf-8"), name if is_package(name) else name.rpartition(".")[0])
+            sources[".".join(parts)] = (path.read_text(encoding="utf-8"), is_package)
+    return sources
 
 
 def imports_in(source: str, package: str) -> list[tuple[str, str | None, int]]:
-    """The imports of ``source``, a module of ``package`` (which resolves its relative imports)."""
-    tree = ast.parse(source)
+    """(imported module, imported name or None, line) for every import statement of ``source``, a
+    module of ``package`` (which resolves its relative imports), inside functions too."""
     found = []
-    for node in ast.walk(tree):  # every statement, inside functions too
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found += [(alias.name, None, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -65,22 +45,37 @@ def imports_in(source: str, package: str) -> list[tuple[str, str | None, int]]:
     return found
 
 
-def edges() -> dict[str, set[str]]:
+def module_imports(sources: Sources) -> dict[str, list[tuple[str, str | None, int]]]:
+    return {name: imports_in(source, name if is_package else name.rpartition(".")[0])
+            for name, (source, is_package) in sources.items()}
+
+
+def owner(name: str, sources: Sources) -> str | None:
+    """The project module that defines ``name`` (the longest importable prefix), or None (third party)."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in sources:
+            return ".".join(parts[:end])
+    return None
+
+
+def import_graph(sources: Sources) -> dict[str, set[str]]:
     """Module -> the project modules it imports. ``from P import x`` imports the module ``P.x`` when
     that is one; when ``P`` is the importer's own package it also reads ``P``'s namespace, which is
     still being initialised if ``P/__init__`` imports the importer: an edge to ``P`` too."""
-    graph: dict[str, set[str]] = {m: set() for m in MODULES}
-    for importer in MODULES:
-        for module, name, _ in imports_of(importer):
-            if owner(module) is None:
+    graph: dict[str, set[str]] = {m: set() for m in sources}
+    for importer, imports in module_imports(sources).items():
+        for module, name, _ in imports:
+            target = owner(module, sources)
+            if target is None:
                 continue
             submodule = f"{module}.{name}" if name else None
-            if submodule in MODULES:
+            if submodule in sources:
                 graph[importer].add(submodule)
                 if importer.startswith(module + "."):
                     graph[importer].add(module)
             else:
-                graph[importer].add(owner(module))
+                graph[importer].add(target)
         graph[importer].discard(importer)
     return graph
 
@@ -92,22 +87,19 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     stack: list[str] = []
     on_stack: set[str] = set()
     found: list[list[str]] = []
-    counter = 0
     for root in sorted(graph):
         if root in index:
             continue
-        work = [(root, iter(sorted(graph[root])))]
-        index[root] = low[root] = counter
-        counter += 1
+        index[root] = low[root] = len(index)
         stack.append(root)
         on_stack.add(root)
+        work = [(root, iter(sorted(graph[root])))]
         while work:
             node, children = work[-1]
             child = next(children, None)
             if child is not None:
                 if child not in index:
-                    index[child] = low[child] = counter
-                    counter += 1
+                    index[child] = low[child] = len(index)
                     stack.append(child)
                     on_stack.add(child)
                     work.append((child, iter(sorted(graph[child]))))
@@ -130,18 +122,18 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
-def private_imports() -> list[str]:
+def private_imports(sources: Sources) -> list[str]:
     """``from M import _x`` where ``M`` is another project module, and imports of a ``_private``
     module from outside the package that holds it."""
     private = lambda name: name.startswith("_") and not name.startswith("__")  # noqa: E731
     found = set()
-    for importer in MODULES:
-        for module, name, _ in imports_of(importer):
-            target = owner(module)
+    for importer, imports in module_imports(sources).items():
+        for module, name, _ in imports:
+            target = owner(module, sources)
             if target is None:
                 continue
             submodule = f"{module}.{name}" if name else module
-            if submodule in MODULES:
+            if submodule in sources:
                 package, _, leaf = submodule.rpartition(".")
                 if private(leaf) and importer != package and not importer.startswith(package + "."):
                     found.add(f"{importer} imports the private module {submodule}")
@@ -150,23 +142,32 @@ def private_imports() -> list[str]:
     return sorted(found)
 
 
-# Today's cycles and private imports; each step of issue 36 deletes what it removes. Done is empty.
-KNOWN_CYCLES: list[list[str]] = [
-    ["dpsynth_core.data", "dpsynth_core.data.loaders", "dpsynth_core.data.public"],
-]
-KNOWN_PRIVATE_IMPORTS: list[str] = [
-]
-
-
 def test_lazy_and_relative_imports_are_seen():
     source = "import os\n\ndef f():\n    from dpsynth_core.errors import ConfigError\n    from . import ledger\n"
     assert imports_in(source, "dpsynth_core.privacy") == [
         ("os", None, 1), ("dpsynth_core.errors", "ConfigError", 4), ("dpsynth_core.privacy", "ledger", 5)]
 
 
+def test_a_lazy_import_through_the_own_package_closes_a_cycle():
+    sources = {"p": ("from p.a import run\n", True),
+               "p.a": ("def run():\n    from p import b\n", False),
+               "p.b": ("import os\n", False),
+               "q": ("from p.a import run\nimport p.b\n", False)}
+    assert import_graph(sources) == {"p": {"p.a"}, "p.a": {"p", "p.b"}, "p.b": set(), "q": {"p.a", "p.b"}}
+    assert cycles(import_graph(sources)) == [["p", "p.a"]]
+
+
+def test_private_names_and_modules_are_found_across_modules_only():
+    sources = {"p": ("from p import _impl\n", True),
+               "p._impl": ("def _helper():\n    pass\n", False),
+               "p.a": ("from p._impl import _helper\nfrom p import _impl\n", False),
+               "q": ("import p._impl\n", False)}
+    assert private_imports(sources) == ["p.a imports p._impl._helper", "q imports the private module p._impl"]
+
+
 def test_no_import_cycle_among_the_project_modules():
-    assert cycles(edges()) == KNOWN_CYCLES
+    assert cycles(import_graph(project_sources())) == []
 
 
 def test_no_module_imports_another_modules_private_names():
-    assert private_imports() == KNOWN_PRIVATE_IMPORTS
+    assert private_imports(project_sources()) == []

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpsynth_core.data import validation
+# by full name: `from dpsynth_core.data import validation` would go through data/__init__, which imports this
+import dpsynth_core.data.validation as validation
 from dpsynth_core.data.errors import data_error
 from dpsynth_core.data.readers import read_frame
 
