@@ -20,8 +20,8 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
-from dpsynth_core.errors import ConfigError, DpsynthError
 from dpsynth_core.config.resources import StageResources
+from dpsynth_core.errors import ConfigError, DpsynthError
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 _JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in a submitted job's driver

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dpsynth_core.runs.storage_sync import synced_run
 from dpsynth_core.tabular.config import DpFairConfig, load_dpfair_config
 from dpsynth_core.tabular.pipeline import local_runner, run_dpfair
 from dpsynth_core.tabular.run_schema import public_schema
-from dpsynth_core.runs.storage_sync import synced_run
 from ray_jobs.cluster import OFFLINE_ENV, ensure_ray, run_stage_task, stage_in_run_dir, stage_options
 
 

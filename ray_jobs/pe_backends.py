@@ -11,10 +11,10 @@ from collections.abc import Sequence
 
 import ray
 
+from dpsynth_core.config.resources import StageResources
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.pe.config import PLMConfig
 from dpsynth_core.pe.llm import LLM, GenerationParams, LocalLLM, OpenAICompatibleLLM, clean_completion, format_prompt
-from dpsynth_core.config.resources import StageResources
 from ray_jobs.cluster import OFFLINE_ENV, ensure_ray, stage_options
 
 

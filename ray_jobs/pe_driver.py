@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from dpsynth_core.runs.files import atomic_write_text
 from dpsynth_core.pe.callbacks import Callback
 from dpsynth_core.pe.checkpoint import RunState
 from dpsynth_core.pe.pipeline import load_pe_config, run_pipeline
+from dpsynth_core.runs.files import atomic_write_text
 from dpsynth_core.runs.storage import require_durable_run_dir
 from dpsynth_core.runs.storage_sync import RunMirror, synced_run
 from ray_jobs.pe_backends import make_llms, placement_of

@@ -11,7 +11,7 @@ Order matters; everything up to the budget check runs before any trial (and befo
    configuration only, and reports only the ranking metric;
 4. only the best trial stays: the others, Tune's experiment state and its staging area under
    Ray's session directory are deleted, the best trial's ledger becomes the released ledger with
-   the selection event, and its ``release/`` is rebuilt around it (``tuning_release``).
+   the selection event, and its ``release/`` is rebuilt around it (``tuning.release``).
 
 A trial is ranked by a private-free metric that its pipeline writes before any owner-side
 evaluation reads held-out rows; a trial whose evaluation fails afterwards still competes with

@@ -2,7 +2,7 @@
 attributes of ``fairness.sensitive``), DP-SGD learning rate and steps, decoding temperature and tilt.
 
 Only a sweep on public/proxy data (``privacy.data: public``): every DPFairLLM metric (TSTR, fairness
-gaps, fidelity) is computed on real rows, so a private sweep is refused (``tuning_metrics``).
+gaps, fidelity) is computed on real rows, so a private sweep is refused (``dpsynth_core.tuning.metrics``).
 """
 
 from ray import tune

@@ -21,7 +21,7 @@ or ``direct_prompt`` (the base model prompted with the eval-pool rows; ``generat
 
 Reads held-out real texts: outside the DP guarantee, like any utility benchmark; only aggregates
 are written. The metrics computed from DP outputs and public models alone (IFAcc by the reward,
-synthetic-text statistics, RL rewards: what a DP sweep ranks by, ``tuning_metrics``) are written to
+synthetic-text statistics, RL rewards: what a DP sweep ranks by, ``tuning.metrics``) are written to
 ``metrics.json`` first, before any held-out row is read, so a failure of the owner-side part
 cannot change them.
 """
@@ -150,8 +150,8 @@ def evaluate_run(cfg, root: str) -> dict:
 def _evaluate_run(cfg, root: str) -> dict:
     from dpsynth_core.actg.extractors import build_extractor
     from dpsynth_core.actg.run_files import RunDir, load_run_schema, read_jsonl, set_torch_threads
-    from dpsynth_core.runs.files import atomic_write_text
     from dpsynth_core.privacy import PrivacyLedger
+    from dpsynth_core.runs.files import atomic_write_text
 
     set_torch_threads(cfg)
     rd = RunDir(Path(root))

@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dpsynth_core.privacy.aim import make_aim, sample_rows
 from dpsynth_core.actg.schema import AttributeSchema
 from dpsynth_core.errors import ConfigError, DataError
+from dpsynth_core.privacy.aim import make_aim, sample_rows
 
 DEFAULT_STAGE = "aim_features"
 

@@ -55,12 +55,12 @@ from dpsynth_core.actg.run_files import RunDir, load_run_schema, set_torch_threa
 from dpsynth_core.actg.stages_post import (serve_app_needs_the_driver, stage_anchored_rl, stage_best_of_n,
                                            stage_generate, stage_reward_model, stage_synthesize)
 from dpsynth_core.config import OUTPUT_ROWS_CAP, THREADS_CAP, StrictConfig, cap, load_config
+from dpsynth_core.config.resources import PipelineResources
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.privacy.randomness import refuse_test_only_knobs
-from dpsynth_core.runs.release import release_dir
-from dpsynth_core.config.resources import PipelineResources
-from dpsynth_core.runs.lock import locked_run
 from dpsynth_core.runs import announce_finished, open_run_dir
+from dpsynth_core.runs.lock import locked_run
+from dpsynth_core.runs.release import release_dir
 from dpsynth_core.runs.storage import RunDirPath
 
 STAGES_ACTG = ["schema", "reward_model", "private", "generate", "best_of_n", "anchored_rl", "synthesize", "evaluate"]

@@ -64,8 +64,8 @@ def train_noiseless_lora(examples, config, *, output_dir: Path, ledger, stage: s
     from dpsynth_core.dpsgd.engine import DpSgdEngine
     from dpsynth_core.dpsgd.plots import save_training_curve
     from dpsynth_core.dpsgd.trainer import ADAPTER_DIRNAME, CURVE_FILENAME, SUMMARY_FILENAME
-    from dpsynth_core.runs.files import atomic_dir
     from dpsynth_core.privacy.randomness import secret_seed
+    from dpsynth_core.runs.files import atomic_dir
 
     ledger.mark_not_private(stage, NO_NOISE_GENERATOR)
     if config.torch_threads:

@@ -21,13 +21,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpsynth_core.config.placement import Placement, resolve_placement
 from dpsynth_core.dpsgd.budget import sampling_rate as poisson_rate
 from dpsynth_core.dpsgd.clipping import PerSampleClipper, make_clipper
 from dpsynth_core.dpsgd.config import DpSgdConfig, TrainExample
 from dpsynth_core.dpsgd.data import collate, per_example_loss, tokenize_examples
 from dpsynth_core.dpsgd.lora_targets import check_target_modules
 from dpsynth_core.dpsgd.sampling import PoissonSampler, PrivacyUnits, physical_chunks, select_examples
-from dpsynth_core.config.placement import Placement, resolve_placement
 from dpsynth_core.errors import ConfigError
 
 PenaltyFn = Callable[[torch.Tensor, dict], torch.Tensor]

@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dpsynth_core.errors import DataError
-from dpsynth_core.runs.files import atomic_write_text
 from dpsynth_core.pe.population import Population
+from dpsynth_core.runs.files import atomic_write_text
 
 
 @dataclass

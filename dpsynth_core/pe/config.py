@@ -10,9 +10,9 @@ from pydantic import Field, model_validator
 from dpsynth_core.config import (
     BATCH_CAP, DELTA_CHECK, NEW_TOKENS_CAP, OUTPUT_ROWS_CAP, RECORDS_CAP, TEXT_CHARS_CAP, THREADS_CAP, StrictConfig, cap,
 )
+from dpsynth_core.config.resources import StageResources
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.privacy.reference_runs import is_infinite
-from dpsynth_core.config.resources import StageResources
 from dpsynth_core.runs.storage import RunDirPath
 
 

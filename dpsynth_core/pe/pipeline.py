@@ -17,7 +17,6 @@ import numpy as np
 from dpsynth_core.config import load_config
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.pe.callbacks import Callback, CheckpointCallback, MetricsLogger
-from dpsynth_core.runs.files import atomic_write_text
 from dpsynth_core.pe.checkpoint import RunState, VoteStore, load_latest_checkpoint
 from dpsynth_core.pe.config import PEConfig, PLMConfig
 from dpsynth_core.pe.data_split import split_data
@@ -26,8 +25,9 @@ from dpsynth_core.pe.evaluate import evaluate_synthetic
 from dpsynth_core.pe.llm import LLM
 from dpsynth_core.pe.prompts import load_prompts
 from dpsynth_core.pe.runner import PERunner, PrivateData
-from dpsynth_core.runs.lock import locked_run
 from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir
+from dpsynth_core.runs.files import atomic_write_text
+from dpsynth_core.runs.lock import locked_run
 
 log = logging.getLogger(__name__)
 LLMFactory = Callable[[Sequence[PLMConfig]], list[LLM]]

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir
 from dpsynth_core.runs.files import atomic_write_text
 from dpsynth_core.runs.lock import locked_run
-from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir
 from dpsynth_core.tabular import private_data
 from dpsynth_core.tabular.config import AimConfig
 from dpsynth_core.tabular.pipeline import prepare_domain, resolved_schema

@@ -49,8 +49,8 @@ def aim_synthesize(
     from snsynth.transform import BinTransformer, LabelTransformer, TableTransformer
     from snsynth.utils import cdp_rho
 
-    from dpsynth_core.privacy.aim import make_aim, sample_rows
     from dpsynth_core.privacy import ZCdpEvent
+    from dpsynth_core.privacy.aim import make_aim, sample_rows
 
     real = schema.validate_frame(real, "AIM input")
     rho = float(cdp_rho(epsilon, ledger.delta))

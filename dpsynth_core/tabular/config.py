@@ -16,8 +16,8 @@ from pydantic import Field, model_validator
 from dpsynth_core.config import (
     BATCH_CAP, OUTPUT_ROWS_CAP, RECORDS_CAP, SEQ_LEN_CAP, STEPS_CAP, THREADS_CAP, StrictConfig, cap, load_config,
 )
-from dpsynth_core.dpsgd.config import LoraSettings
 from dpsynth_core.config.resources import StageResources
+from dpsynth_core.dpsgd.config import LoraSettings
 from dpsynth_core.runs.storage import RunDirPath, require_durable_run_dir
 
 

@@ -45,9 +45,9 @@ import numpy as np
 import pandas as pd
 
 from dpsynth_core.errors import ConfigError
+from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir
 from dpsynth_core.runs.files import atomic_write_text
 from dpsynth_core.runs.lock import locked_run
-from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir
 from dpsynth_core.tabular import private_data
 from dpsynth_core.tabular.config import DpFairConfig, GenerationSettings, TableRunConfig
 from dpsynth_core.tabular.run_schema import (

@@ -83,9 +83,9 @@ def train_public_stage(base_model: str, ser, settings, lora, out_dir: Path, *, m
     import torch
     from peft import LoraConfig, get_peft_model
 
+    from dpsynth_core.config.placement import place_model, resolve_placement
     from dpsynth_core.dpsgd import TrainExample
     from dpsynth_core.dpsgd.data import collate, per_example_loss, tokenize_examples
-    from dpsynth_core.config.placement import place_model, resolve_placement
     from dpsynth_core.models import load_causal_lm
 
     torch.manual_seed(settings.seed)

@@ -19,14 +19,14 @@ therefore allowed in two cases only:
 What the theorem assumes, and where it is enforced:
 
 * the trials are ranked by a score that is DP or computed without private data
-  (``tuning_metrics``); a MAUVE against private texts is neither;
+  (``tuning.metrics``); a MAUVE against private texts is neither;
 * K and the trials' hyperparameters are drawn from OS entropy (``draw_num_trials``,
-  ``tuning_space.draw_configurations``), i.i.d. and independent of the data and of the config
+  ``tuning.space.draw_configurations``), i.i.d. and independent of the data and of the config
   seed; K is never written anywhere released;
 * the per-trial bound holds over the whole declared space, computed before launch
   (``tuning.plan.bound_sweep``), and the sweep is refused when it exceeds the budget;
 * only the best trial is released, its ledger holding the selection event
-  (``tuning_release``).
+  (``tuning.release``).
 
 Anything else (private data, no DP selection) is refused before a trial starts.
 """
