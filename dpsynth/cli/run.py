@@ -15,6 +15,8 @@ from pathlib import Path
 
 import typer
 
+from dpsynth_core.runs.preflight import Plan
+
 app = typer.Typer(help="Run a synthesis pipeline end to end.", no_args_is_help=True)
 
 @app.callback()
@@ -33,7 +35,7 @@ _CHECK = typer.Option(False, "--check", help="Only the pre-flight: validate conf
                                             "write nothing.")
 
 
-def method_preflight(pipeline: str) -> Callable[[Path], object]:
+def method_preflight(pipeline: str) -> Callable[[Path], Plan]:
     """The pre-flight of ``pipeline``: one function per method, living with it (``runs.preflight``)."""
     if pipeline == "actg":
         from dpsynth_core.actg.preflight import preflight_actg
