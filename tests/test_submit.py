@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ray_cluster import BIN, free_port
 
-from dpsynth.cli.jobs import error_line
+from dpsynth.cli.jobs import build_runtime_env, error_line
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -33,3 +33,13 @@ def test_submit_to_unreachable_cluster_is_a_clear_error():
     )
     assert out.returncode == 2
     assert f"127.0.0.1:{port}" in out.stderr and "cannot reach" in out.stderr
+
+
+def test_a_job_ships_every_package_of_the_project_but_no_run_directory():
+    """The job's working_dir is matched by Ray's own exclusion rules (gitignore-style patterns)."""
+    from ray._private.runtime_env.packaging import _get_excludes
+
+    excluded = _get_excludes(REPO, build_runtime_env(REPO)["excludes"])
+    assert not excluded(REPO / "dpsynth_core" / "runs" / "lock.py") and not excluded(REPO / "dpsynth" / "cli")
+    assert excluded(REPO / "runs" / "actg_demo" / "ledger.sqlite") and excluded(REPO / ".venv")
+

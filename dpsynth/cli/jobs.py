@@ -28,7 +28,8 @@ _ADDRESS = typer.Option(
     None, "--address", "-a",
     help=f"Ray dashboard / job-submission address (default: $RAY_ADDRESS or {DEFAULT_ADDRESS}).",
 )
-_EXCLUDES = [".venv", ".git", "runs", "**/__pycache__", "*.safetensors", ".pytest_cache", ".whl", ".gl"]
+# gitignore-style patterns: "/runs" is the project's run directories only, not the package dpsynth_core/runs/
+_EXCLUDES = [".venv", ".git", "/runs", "**/__pycache__", "*.safetensors", ".pytest_cache", ".whl", ".gl"]
 
 
 def _client(address: str | None):
