@@ -36,10 +36,11 @@ def test_submit_to_unreachable_cluster_is_a_clear_error():
 
 
 def test_a_job_ships_every_package_of_the_project_but_no_run_directory():
-    """The job's working_dir is matched by Ray's own exclusion rules (gitignore-style patterns)."""
-    from ray._private.runtime_env.packaging import _get_excludes
+    """The job's working_dir as Ray packs it: our excludes and the project's .gitignore, by Ray's own rules."""
+    from ray._private.runtime_env.packaging import _get_excludes, get_excludes_from_ignore_files
 
-    excluded = _get_excludes(REPO, build_runtime_env(REPO)["excludes"])
+    rules = [_get_excludes(REPO, build_runtime_env(REPO)["excludes"]),
+             *get_excludes_from_ignore_files(REPO, include_gitignore=True)]
+    excluded = lambda path: any(rule(path) for rule in rules)  # noqa: E731
     assert not excluded(REPO / "dpsynth_core" / "runs" / "lock.py") and not excluded(REPO / "dpsynth" / "cli")
     assert excluded(REPO / "runs" / "actg_demo" / "ledger.sqlite") and excluded(REPO / ".venv")
-
