@@ -30,7 +30,9 @@ _QUIET_ENV = {
     "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
     "DATASETS_VERBOSITY": "error",
     "RAY_USAGE_STATS_ENABLED": "0",  # no usage-stats prompt (and no telemetry from private runs)
-    "PYTHONWARNINGS": "ignore::DeprecationWarning,ignore::FutureWarning",
+    # trl checks the installed vLLM's version on import (we do not run trl's vLLM path): in Ray workers too
+    "PYTHONWARNINGS": "ignore::DeprecationWarning,ignore::FutureWarning,"
+                      "ignore:TRL currently supports vLLM versions:UserWarning",
     # vLLM's engine (and its EngineCore subprocess) logs its settings and notices at WARNING: eager mode,
     # Triton absent on CPU, LoRA tokenizer deprecations; errors still show
     "VLLM_LOGGING_LEVEL": "ERROR",

@@ -21,6 +21,8 @@ UNWANTED = [
     "Token authentication is enabled",  # Ray's notice on every local start
     "Usage stats collection", "Started a local Ray instance",
     "{'loss'",  # a Trainer's raw metric dict
+    "Triton",  # vLLM's import-time notice on a CPU host (logged before vLLM configures its loggers)
+    "TRL currently supports vLLM",  # trl's version check of the installed vLLM
 ]
 
 

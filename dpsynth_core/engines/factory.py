@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
 from functools import lru_cache
 
 from dpsynth_core.engines.base import TextEngine
@@ -39,8 +40,19 @@ def _model_config(model: str) -> dict:
     return json.loads((resolve_model_dir(model) / "config.json").read_text(encoding="utf-8"))
 
 
+def vllm_import_logging() -> None:
+    """vLLM configures its loggers only when an engine starts, so what it logs while being imported
+    (on a CPU host: "Triton is installed, but doesn't include CPU backend") reaches the root logger
+    at WARNING, and a Ray worker prints it. Give the ``vllm`` loggers the level ``VLLM_LOGGING_LEVEL``
+    asks for (quiet runs set ERROR; DPSYNTH_VERBOSE=1 leaves it unset) before importing vLLM."""
+    level = os.environ.get("VLLM_LOGGING_LEVEL")
+    if level:
+        logging.getLogger("vllm").setLevel(level.upper())
+
+
 @lru_cache(maxsize=1)
 def _vllm_architectures() -> frozenset[str]:
+    vllm_import_logging()
     from vllm import ModelRegistry
 
     return frozenset(ModelRegistry.get_supported_archs())

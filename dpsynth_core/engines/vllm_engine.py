@@ -17,7 +17,7 @@ from pathlib import Path
 from dpsynth_core.engines.adapters import adapter_kind, lora_rank, merge_adapter
 from dpsynth_core.engines.base import GenerationBatch, TextEngine, cut_at_stop
 from dpsynth_core.engines.config import EngineConfig, SamplingParams
-from dpsynth_core.engines.factory import vllm_device
+from dpsynth_core.engines.factory import vllm_device, vllm_import_logging
 from dpsynth_core.engines.vllm_cpu import cpu_dtype, cpu_engine_env
 from dpsynth_core.privacy.randomness import secret_seed
 
@@ -26,6 +26,7 @@ LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLL
 
 def vllm_process_env() -> None:
     """Environment vLLM reads when it builds the engine (user settings win)."""
+    vllm_import_logging()
     # vLLM logs every engine argument at INFO; keep run output quiet unless asked otherwise.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     # On a shared 2-core machine one engine step or the first load can outlast vLLM's defaults (300 s
