@@ -5,3 +5,7 @@ which call into it.
 """
 
 __version__ = "0.1.0"
+
+from dpsynth_core.quiet import vllm_log_level_from_env as _vllm_log_level
+
+_vllm_log_level()  # every process that runs dpsynth code (Ray workers too) imports this first

@@ -63,6 +63,16 @@ class _DropText(logging.Filter):
         return self.text not in record.getMessage()
 
 
+def vllm_log_level_from_env() -> None:
+    """vLLM configures its loggers only when an engine starts, so what it logs while being imported (on a
+    CPU host: "Triton is installed, but doesn't include CPU backend"; trl imports vLLM to check its version)
+    reaches the root logger at WARNING, which a Ray worker prints. Give the ``vllm`` loggers the level
+    ``VLLM_LOGGING_LEVEL`` asks for (quiet runs set ERROR; DPSYNTH_VERBOSE=1 leaves it unset)."""
+    level = os.environ.get("VLLM_LOGGING_LEVEL")
+    if level:
+        logging.getLogger("vllm").setLevel(level.upper())
+
+
 def quiet_process() -> None:
     """Quiet this process and the processes it starts (call before importing transformers or Ray)."""
     if verbose():

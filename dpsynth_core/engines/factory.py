@@ -41,13 +41,10 @@ def _model_config(model: str) -> dict:
 
 
 def vllm_import_logging() -> None:
-    """vLLM configures its loggers only when an engine starts, so what it logs while being imported
-    (on a CPU host: "Triton is installed, but doesn't include CPU backend") reaches the root logger
-    at WARNING, and a Ray worker prints it. Give the ``vllm`` loggers the level ``VLLM_LOGGING_LEVEL``
-    asks for (quiet runs set ERROR; DPSYNTH_VERBOSE=1 leaves it unset) before importing vLLM."""
-    level = os.environ.get("VLLM_LOGGING_LEVEL")
-    if level:
-        logging.getLogger("vllm").setLevel(level.upper())
+    """vLLM's import-time notices at the environment's level (``quiet.vllm_log_level_from_env``)."""
+    from dpsynth_core.quiet import vllm_log_level_from_env
+
+    vllm_log_level_from_env()
 
 
 @lru_cache(maxsize=1)
