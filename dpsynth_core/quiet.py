@@ -36,6 +36,8 @@ _QUIET_ENV = {
     # vLLM's engine (and its EngineCore subprocess) logs its settings and notices at WARNING: eager mode,
     # Triton absent on CPU, LoRA tokenizer deprecations; errors still show
     "VLLM_LOGGING_LEVEL": "ERROR",
+    # torch's C++ warnings ("[W... utils.cpp] Warning: NUMA binding", from vLLM's CPU worker binding threads)
+    "TORCH_CPP_LOG_LEVEL": "ERROR",
 }
 
 # Ray logs this on every local start; token auth stays on, only the notice goes.
@@ -73,8 +75,28 @@ def vllm_log_level_from_env() -> None:
         logging.getLogger("vllm").setLevel(level.upper())
 
 
+def plain_library_messages() -> None:
+    """dpsynth's own one-line notices (e.g. "generation engine: vllm for model ...") as plain lines on
+    stderr, whatever a library did to the root logger (some call ``logging.basicConfig`` and would
+    prefix them with "WARNING:dpsynth_core...")."""
+    logger = logging.getLogger("dpsynth_core")
+    if not any(getattr(h, "_dpsynth_plain", False) for h in logger.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler._dpsynth_plain = True
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
+def ray_worker_setup() -> None:
+    """Ray's ``worker_process_setup_hook`` for every worker of a dpsynth job (``ray_jobs.cluster``)."""
+    plain_library_messages()
+    vllm_log_level_from_env()
+
+
 def quiet_process() -> None:
     """Quiet this process and the processes it starts (call before importing transformers or Ray)."""
+    plain_library_messages()
     if verbose():
         return
     for key, value in _QUIET_ENV.items():
