@@ -5,3 +5,7 @@ call into it, and the CLI in the top package ``dpsynth``. It imports none of the
 """
 
 __version__ = "0.1.0"
+
+from dpsynth_core.quiet import vllm_log_level_from_env as _vllm_log_level
+
+_vllm_log_level()  # every process that runs dpsynth code (Ray workers too) imports this first

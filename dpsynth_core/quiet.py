@@ -30,10 +30,14 @@ _QUIET_ENV = {
     "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
     "DATASETS_VERBOSITY": "error",
     "RAY_USAGE_STATS_ENABLED": "0",  # no usage-stats prompt (and no telemetry from private runs)
-    "PYTHONWARNINGS": "ignore::DeprecationWarning,ignore::FutureWarning",
+    # trl checks the installed vLLM's version on import (we do not run trl's vLLM path): in Ray workers too
+    "PYTHONWARNINGS": "ignore::DeprecationWarning,ignore::FutureWarning,"
+                      "ignore:TRL currently supports vLLM versions:UserWarning",
     # vLLM's engine (and its EngineCore subprocess) logs its settings and notices at WARNING: eager mode,
     # Triton absent on CPU, LoRA tokenizer deprecations; errors still show
     "VLLM_LOGGING_LEVEL": "ERROR",
+    # torch's C++ warnings ("[W... utils.cpp] Warning: NUMA binding", from vLLM's CPU worker binding threads)
+    "TORCH_CPP_LOG_LEVEL": "ERROR",
 }
 
 # Ray logs this on every local start; token auth stays on, only the notice goes.
@@ -61,8 +65,38 @@ class _DropText(logging.Filter):
         return self.text not in record.getMessage()
 
 
+def vllm_log_level_from_env() -> None:
+    """vLLM configures its loggers only when an engine starts, so what it logs while being imported (on a
+    CPU host: "Triton is installed, but doesn't include CPU backend"; trl imports vLLM to check its version)
+    reaches the root logger at WARNING, which a Ray worker prints. Give the ``vllm`` loggers the level
+    ``VLLM_LOGGING_LEVEL`` asks for (quiet runs set ERROR; DPSYNTH_VERBOSE=1 leaves it unset)."""
+    level = os.environ.get("VLLM_LOGGING_LEVEL")
+    if level:
+        logging.getLogger("vllm").setLevel(level.upper())
+
+
+def plain_library_messages() -> None:
+    """dpsynth's own one-line notices (e.g. "generation engine: vllm for model ...") as plain lines on
+    stderr, whatever a library did to the root logger (some call ``logging.basicConfig`` and would
+    prefix them with "WARNING:dpsynth_core...")."""
+    logger = logging.getLogger("dpsynth_core")
+    if not any(getattr(h, "_dpsynth_plain", False) for h in logger.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler._dpsynth_plain = True
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
+def ray_worker_setup() -> None:
+    """Ray's ``worker_process_setup_hook`` for every worker of a dpsynth job (``ray_jobs.cluster``)."""
+    plain_library_messages()
+    vllm_log_level_from_env()
+
+
 def quiet_process() -> None:
     """Quiet this process and the processes it starts (call before importing transformers or Ray)."""
+    plain_library_messages()
     if verbose():
         return
     for key, value in _QUIET_ENV.items():

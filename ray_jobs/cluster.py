@@ -65,7 +65,7 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None, num_g
     env = {k: v for k, v in {**OFFLINE_ENV, **quiet_env(), **storage_env(), **(env_vars or {})}.items() if k not in job_env}
     target = cluster_address(address)
     common = dict(include_dashboard=False, log_to_driver=True, configure_logging=True, logging_level="WARNING",
-                  runtime_env={"env_vars": env})
+                  runtime_env={"env_vars": env, "worker_process_setup_hook": "dpsynth_core.quiet.ray_worker_setup"})
     if target:
         ray.init(address=target, **common)
     else:

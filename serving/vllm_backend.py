@@ -56,6 +56,9 @@ class VLLMBackend:
     def __init__(self, model: str, adapter: str | None = None, *, dtype: str = "auto",
                  max_prompt_tokens: int = 2048, engine_kwargs: dict | None = None, merge_adapter: bool = False,
                  kv_cache_gib: float = 4.0) -> None:
+        from dpsynth_core.quiet import vllm_log_level_from_env
+
+        vllm_log_level_from_env()
         try:
             from vllm import AsyncEngineArgs, AsyncLLMEngine
         except ImportError:

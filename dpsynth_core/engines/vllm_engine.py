@@ -20,12 +20,14 @@ from dpsynth_core.engines.config import EngineConfig, SamplingParams
 from dpsynth_core.engines.placement import vllm_device
 from dpsynth_core.engines.vllm_cpu import cpu_dtype, cpu_engine_env
 from dpsynth_core.privacy.randomness import secret_seed
+from dpsynth_core.quiet import vllm_log_level_from_env
 
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 
 
 def vllm_process_env() -> None:
     """Environment vLLM reads when it builds the engine (user settings win)."""
+    vllm_log_level_from_env()
     # vLLM logs every engine argument at INFO; keep run output quiet unless asked otherwise.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     # On a shared 2-core machine one engine step or the first load can outlast vLLM's defaults (300 s
