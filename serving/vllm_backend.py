@@ -24,6 +24,7 @@ def engine_settings(*, dtype: str, kv_cache_gib: float, on_gpu: bool) -> tuple[d
     """(vLLM engine keywords, environment of the engine process): the CPU settings the offline engine
     uses (dpsynth_core.engines). Shared by this backend and the ``ray_llm`` app (serving.ray_llm)."""
     from dpsynth_core.engines.vllm_cpu import cpu_dtype, cpu_engine_env
+    from dpsynth_core.quiet import verbose
 
     kwargs: dict = {
         # auto: bf16 on a GPU; on CPU bf16 only where the CPU has it natively (else float32, 4x faster here)
@@ -31,6 +32,7 @@ def engine_settings(*, dtype: str, kv_cache_gib: float, on_gpu: bool) -> tuple[d
         "max_model_len": 2048,
         # Split prefills rewind seeded generators (set_offset), which CPU generators lack.
         "enable_chunked_prefill": False,
+        "use_tqdm_on_load": verbose(),  # the weight-loading bar is start-up chatter
     }
     env: dict = {}
     if not on_gpu:

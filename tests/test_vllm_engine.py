@@ -128,7 +128,8 @@ def test_vllm_engine_is_quiet_under_the_cli_settings(tmp_path) -> None:
         assert "OUT 1" in done.stdout
         return done.stdout + done.stderr
 
-    noisy = re.compile(r"\b(WARNING|INFO) \d\d-\d\d |^\[W\d{4} ", flags=re.M)  # vLLM's lines; torch C++ warnings
+    # vLLM's log lines, its weight-loading bar, torch's C++ warnings
+    noisy = re.compile(r"\b(WARNING|INFO) \d\d-\d\d |Loading safetensors checkpoint|^\[W\d{4} ", flags=re.M)
     assert noisy.search(run({"DPSYNTH_VERBOSE": "1"})), "vLLM logged nothing even when verbose: the check is void"
     quiet = run({})
     assert not noisy.search(quiet), noisy.search(quiet).group(0)

@@ -20,7 +20,7 @@ from dpsynth_core.engines.config import EngineConfig, SamplingParams
 from dpsynth_core.engines.placement import vllm_device
 from dpsynth_core.engines.vllm_cpu import cpu_dtype, cpu_engine_env
 from dpsynth_core.privacy.randomness import secret_seed
-from dpsynth_core.quiet import vllm_log_level_from_env
+from dpsynth_core.quiet import verbose, vllm_log_level_from_env
 
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 
@@ -109,6 +109,7 @@ class VLLMEngine(TextEngine):
             # Generator does not use offset", seen at 128 seeded prompts). Unsplit prefills keep seeds usable.
             enable_chunked_prefill=False,
             seed=secret_seed(31),  # only used by requests without a seed; ours always carry one
+            use_tqdm_on_load=verbose(),  # its weight-loading bar is start-up chatter
             **kwargs,
         )
         if self._in_process:
