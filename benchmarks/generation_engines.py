@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/generation_engines.py \
         [--models smollm2-135m-instruct gemma3-270m] [--prompts 32 128] [--new-tokens 64] \
-        [--backends hf vllm] [--hf-batch-size 32] [--kv-cache-gib 4] [--two-plms | --lora-modes] [--json out.json]
+        [--backends hf vllm] [--hf-batch-size 32] [--kv-cache-gib 4] [--adapter] [--two-plms | --lora-modes] \
+        [--json out.json]
 
 For each model: load each engine, one small warm-up call, then ``--prompts`` prompts submitted
 at once, each asking for ``--new-tokens`` sampled tokens (temperature 1). Reported: engine load time, generated tokens/s
@@ -10,6 +11,9 @@ at once, each asking for ``--new-tokens`` sampled tokens (temperature 1). Report
 backends), p50/p99 latency per prompt (time from submission of the batch until that prompt's
 completion: HF finishes a whole batch at a time, vLLM each sequence as it ends). HF runs in the
 project's float32, vLLM in dtype auto (dpsynth_core.engines.vllm_cpu: float32 on an AVX2 host) with ``enforce_eager``.
+
+``--adapter``: both backends serve a LoRA adapter in the DP-SGD adapter's shape (random weights), each the way
+the product does by default (``EngineConfig.lora_mode``), as a generating stage after DP-SGD would.
 
 ``--two-plms``: loads both models in vLLM in one process (as WASP / Aug-PE with two PLMs would),
 each with ``--kv-cache-gib`` of KV cache, runs ``--prompts`` prompts through each, and reports the
@@ -128,21 +132,27 @@ def bench_model(model: str, args) -> list[dict]:
     (hf, vllm, then vllm, hf): the pair of a ratio shares the machine's state."""
     from dpsynth_core.engines import SamplingParams, load_engine
 
+    import tempfile
+
     engines, load_s = {}, {}
-    try:
-        for backend in args.backends:
-            start = time.perf_counter()
-            engines[backend] = load_engine(engine_config(model, backend, args))
-            load_s[backend] = time.perf_counter() - start
-            engines[backend].run(make_prompts(2), SamplingParams(max_new_tokens=4, seed=0, chat="instruct" in model))
-        rows = []
-        for i, count in enumerate(args.prompts):
-            order = args.backends if i % 2 == 0 else args.backends[::-1]
-            rows += [measure(engines[b], model, count, args, load_s[b]) for b in order]
-        return rows
-    finally:
-        for engine in engines.values():
-            engine.close()
+    with tempfile.TemporaryDirectory() as tmp:
+        adapter = random_adapter(model, tmp) if args.adapter else None
+        try:
+            for backend in args.backends:
+                config = engine_config(model, backend, args).model_copy(update={"adapter_dir": adapter})
+                start = time.perf_counter()
+                engines[backend] = load_engine(config)
+                load_s[backend] = time.perf_counter() - start
+                engines[backend].run(make_prompts(2), SamplingParams(max_new_tokens=4, seed=0,
+                                                                     chat="instruct" in model))
+            rows = []
+            for i, count in enumerate(args.prompts):
+                order = args.backends if i % 2 == 0 else args.backends[::-1]
+                rows += [measure(engines[b], model, count, args, load_s[b]) for b in order]
+            return rows
+        finally:
+            for engine in engines.values():
+                engine.close()
 
 
 def two_plms(args) -> dict:
@@ -234,6 +244,7 @@ def main() -> None:
     parser.add_argument("--hf-batch-size", type=int, default=32)
     parser.add_argument("--kv-cache-gib", type=float, default=4.0)
     parser.add_argument("--max-model-len", type=int, default=512)
+    parser.add_argument("--adapter", action="store_true", help="both backends serve a DP-shaped LoRA adapter")
     parser.add_argument("--two-plms", action="store_true", help="only the two-PLM memory measurement")
     parser.add_argument("--lora-modes", action="store_true",
                         help="only vLLM with a LoRA adapter: LoRA kernels vs a merged copy")
