@@ -22,12 +22,6 @@ from dpsynth_core.errors import ConfigError, DataError
 from dpsynth_core.pe.callbacks import Callback
 from dpsynth_core.pe.checkpoint import RunState, VoteStore
 from dpsynth_core.pe.config import PEConfig
-from dpsynth_core.pe.dp import (
-    FederatedGaussianMechanism,
-    GaussianMechanism,
-    NoiselessMechanism,
-    calibrate_noise_multiplier,
-)
 from dpsynth_core.pe.embedding import Embedding
 from dpsynth_core.pe.federated import assign_parties
 from dpsynth_core.pe.histogram import Histogram, NearestNeighborHistogram, TopQHistogram, VoteHistograms
@@ -35,6 +29,12 @@ from dpsynth_core.pe.llm import LLM, GenerationParams
 from dpsynth_core.pe.population import Population, draw_examples, resample_per_class, top_per_class
 from dpsynth_core.pe.prompts import PromptSet
 from dpsynth_core.pe.weights import allocate_budget, update_plm_weights
+from dpsynth_core.privacy.gaussian_histogram import (
+    FederatedGaussianHistogram,
+    GaussianHistogram,
+    NoiselessHistogram,
+    calibrate_histogram_noise,
+)
 from dpsynth_core.privacy.randomness import secure_rng
 
 log = logging.getLogger(__name__)
@@ -83,15 +83,14 @@ class PERunner:
         self.histogram: Histogram = TopQHistogram(config.q) if config.method == "wasp" else NearestNeighborHistogram()
         if config.is_reference:  # epsilon = inf (not_private: true): the votes carry no noise
             self.noise_multiplier = 0.0
-            self.mechanism = NoiselessMechanism(self.histogram.sensitivity)
+            self.mechanism = NoiselessHistogram(self.histogram.sensitivity)
             return
-        self.noise_multiplier = calibrate_noise_multiplier(config.epsilon, ledger.delta, config.iterations)
-        mech_cls = GaussianMechanism
+        self.noise_multiplier = calibrate_histogram_noise(config.epsilon, ledger.delta, config.iterations)
         if config.federated_parties > 1:
-            self.mechanism = FederatedGaussianMechanism(self.noise_multiplier, self.histogram.sensitivity,
+            self.mechanism = FederatedGaussianHistogram(self.noise_multiplier, self.histogram.sensitivity,
                                                         config.federated_parties)
         else:
-            self.mechanism = mech_cls(self.noise_multiplier, self.histogram.sensitivity)
+            self.mechanism = GaussianHistogram(self.noise_multiplier, self.histogram.sensitivity)
 
     # ----------------------------------------------------------------------------- helpers
     def _rounds(self) -> int:
@@ -170,7 +169,7 @@ class PERunner:
         than the released sum's (which carries N(0, sigma^2): the ledger's event)."""
         from dpsynth_core.privacy import gaussian_epsilon
 
-        assert isinstance(self.mechanism, FederatedGaussianMechanism)
+        assert isinstance(self.mechanism, FederatedGaussianHistogram)
         party_nm = self.noise_multiplier / math.sqrt(self.mechanism.parties)
         delta, t = self.ledger.delta, self.cfg.iterations
         return {
@@ -188,7 +187,7 @@ class PERunner:
 
     def _record_privacy(self) -> None:
         """Check then record the T-fold Gaussian mechanism once, before the first vote."""
-        from dpsynth_core.privacy import GaussianEvent, PostProcessingEvent
+        from dpsynth_core.privacy import PostProcessingEvent
 
         from dpsynth_core.privacy.reference_runs import mark_reference_run
 
@@ -197,7 +196,7 @@ class PERunner:
             return  # epsilon = inf: no finite epsilon to record; the ledger says "not private"
         if any(e.stage == stage for e in self.ledger.entries()):
             return  # resumed run: already accounted (for all T iterations)
-        event = GaussianEvent(noise_multiplier=self.noise_multiplier, compositions=self.cfg.iterations)
+        event = self.mechanism.event(self.cfg.iterations)
         self.ledger.check(stage, event)
         self.ledger.record(stage, event, details={
             "sensitivity_l2": self.histogram.sensitivity, "sigma": self.mechanism.sigma,
@@ -227,7 +226,7 @@ class PERunner:
     def _noisy_vote(self, private: PrivateData, private_emb: np.ndarray, pop: Population, iteration: int) -> np.ndarray:
         synth_emb = self.embedding.encode(pop.texts)
         rng = self._noise_rng(iteration)
-        if isinstance(self.mechanism, FederatedGaussianMechanism):
+        if isinstance(self.mechanism, FederatedGaussianHistogram):
             parties = self._parties(private)
             partials = []
             for j in range(self.mechanism.parties):
