@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
+from dpsynth_core.engines.config import SamplingParams
 from dpsynth_core.errors import ConfigError, DataError
 from dpsynth_core.pe.callbacks import Callback
 from dpsynth_core.pe.checkpoint import RunState, VoteStore
@@ -25,7 +26,7 @@ from dpsynth_core.pe.config import PEConfig
 from dpsynth_core.pe.embedding import Embedding
 from dpsynth_core.pe.federated import assign_parties
 from dpsynth_core.pe.histogram import Histogram, NearestNeighborHistogram, TopQHistogram, VoteHistograms
-from dpsynth_core.pe.llm import LLM, GenerationParams
+from dpsynth_core.pe.llm import LLM
 from dpsynth_core.pe.population import Population, draw_examples, resample_per_class, top_per_class
 from dpsynth_core.pe.prompts import PromptSet
 from dpsynth_core.pe.weights import allocate_budget, update_plm_weights
@@ -54,7 +55,7 @@ class PrivateData:
         return f"PrivateData(<{len(self.texts)} private records>)"
 
 
-def generate_all(llms: Sequence[LLM], requests: list[list[str]], params: list[GenerationParams],
+def generate_all(llms: Sequence[LLM], requests: list[list[str]], params: list[SamplingParams],
                  parallel: bool = True) -> list[list[str]]:
     """Submit every PLM's prompts first, then wait: Ray/Serve backends run concurrently.
     ``parallel=False`` waits for each PLM before calling the next (the reference code's way)."""
@@ -103,10 +104,10 @@ class PERunner:
         base, extra = divmod(self.cfg.num_synthetic, self.cfg.iterations + 1)
         return base + (1 if rnd < extra else 0)
 
-    def _params(self, k: int, rnd: int) -> GenerationParams:
+    def _params(self, k: int, rnd: int) -> SamplingParams:
         p = self.cfg.plms[k]
-        return GenerationParams(self.cfg.max_new_tokens, p.temperature, p.top_p,
-                                seed=self.cfg.seed * 100_003 + p.seed * 1_009 + rnd * 31 + k)
+        return SamplingParams(max_new_tokens=self.cfg.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
+                              seed=(self.cfg.seed * 100_003 + p.seed * 1_009 + rnd * 31 + k) % 2**62)
 
     def _assign(self, weights: np.ndarray, total: int) -> list[list[str]]:
         """Labels each PLM writes this round: classes evenly, PLMs by weight within a class."""
