@@ -228,7 +228,9 @@ def test_kl_term_is_to_the_dp_generator_and_enters_the_reward(artifacts):
 def test_trl_engine_takes_the_update_of_the_plain_torch_reference(artifacts, tmp_path):
     """One step of the trl engine and one of the plain-torch reference (tests/rl_reference.py) from the same
     DP adapter, with tied rewards (zero RLOO advantages), beta 0 and a single anchor: both updates are then
-    AdamW's first step on gamma * SFT(anchor), so they must move every LoRA weight alike."""
+    AdamW's first step on gamma * SFT(anchor), so they must move every LoRA weight alike (measured: all 1,792
+    within 7.5e-6 x lr, docs/results/rl_engine_reference.md). Adam's first step is about +-lr per weight: this
+    checks the sign of every weight's gradient and the learning rate, not gamma's scale (tested above)."""
     from safetensors.torch import load_file
 
     from dpsynth_core.dpsgd import TrainExample
@@ -259,8 +261,8 @@ def test_trl_engine_takes_the_update_of_the_plain_torch_reference(artifacts, tmp
     d_trl = torch.cat([(by_trl[k].float() - start[k].float()).flatten() for k in sorted(start)])
     d_ref = torch.cat([(by_ref[k].float() - start[k].float()).flatten() for k in sorted(start)])
     assert d_ref.abs().max() > 0.5 * lr  # the anchor term moved the reference (Adam's first step: ~lr per weight)
-    same = (d_trl - d_ref).abs() <= 0.1 * lr
-    assert same.float().mean() > 0.99, f"{int((~same).sum())} of {same.numel()} LoRA weights moved differently"
+    apart = (d_trl - d_ref).abs() > 1e-3 * lr
+    assert not apart.any(), f"{int(apart.sum())} of {apart.numel()} LoRA weights moved differently"
 
 
 def test_the_removed_torch_engine_is_refused_with_exit_2_naming_the_key(tmp_path, monkeypatch, capsys):
