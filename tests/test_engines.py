@@ -282,3 +282,37 @@ def test_only_the_engines_call_hf_generate() -> None:
                 if any(k.arg in (None, "max_new_tokens", "input_ids") for k in node.keywords):
                     offenders.append(f"{path.relative_to(root)}:{node.lineno}")
     assert not offenders, f"HF generate outside dpsynth_core/engines: {offenders}"
+
+
+def test_serve_vllm_replicas_convert_their_rows_through_the_engines_parameters() -> None:
+    """Serve's vLLM replica and the offline vLLM engine build vLLM's request parameters in one place
+    (engines.vllm_engine.vllm_sampling): a Serve row's budget, sampling, stop strings and seed reach vLLM."""
+    require_vllm()
+    import asyncio
+    from types import SimpleNamespace
+
+    from dpsynth_core.engines.vllm_engine import vllm_sampling
+    from dpsynth_core.models import load_tokenizer
+    from serving.schemas import SequenceJob
+    from serving.vllm_backend import VLLMBackend
+
+    p = vllm_sampling(SamplingParams(max_new_tokens=7, temperature=0.5, top_p=0.9, n=2, stop=("x",), regex="a+"),
+                      2**31 + 5)
+    assert (p.n, p.temperature, p.top_p, p.max_tokens, p.stop, p.seed) == (2, 0.5, 0.9, 7, ["x"], 5)
+    assert p.structured_outputs.regex == "a+"
+
+    seen = []
+
+    async def fake_generate(prompt, params, request_id, lora_request):
+        seen.append(params)
+        yield SimpleNamespace(outputs=[SimpleNamespace(text="abc STOP tail", token_ids=[1, 2, 3], finish_reason="length")])
+
+    backend = VLLMBackend.__new__(VLLMBackend)  # no engine start: only the row -> request conversion
+    backend.tokenizer, backend.max_prompt_tokens, backend.lora = load_tokenizer("tiny-llama"), 64, None
+    backend.engine = SimpleNamespace(generate=fake_generate)
+    job = SequenceJob("a b", max_new_tokens=5, temperature=0.7, top_p=0.8, seed=2**31 + 9, stop=["STOP", ""])
+    out = asyncio.run(backend.generate_one(job))
+    [params] = seen
+    assert (params.n, params.max_tokens, params.temperature, params.top_p, params.seed, params.stop) == (
+        1, 5, 0.7, 0.8, 9, ["STOP"])
+    assert (out.text, out.completion_tokens, out.finish_reason) == ("abc ", 3, "stop")
