@@ -61,7 +61,7 @@ def wasp(args) -> dict:
 
     from dpsynth_core.config import load_config
     from dpsynth_core.pe.config import PEConfig
-    from dpsynth_core.pe.llm import GenerationParams
+    from dpsynth_core.engines import SamplingParams
     from dpsynth_core.pe.prompts import load_prompts
     from dpsynth_core.pe.weights import allocate_budget
 
@@ -74,8 +74,9 @@ def wasp(args) -> dict:
         for j, n in enumerate(allocate_budget(np.full(len(plms), 1.0 / len(plms)), n_c)):
             labels[j] += [c] * n
 
-    def params(j: int) -> GenerationParams:
-        return GenerationParams(cfg.max_new_tokens, plms[j].temperature, plms[j].top_p, seed=101 * j + plms[j].seed)
+    def params(j: int) -> SamplingParams:
+        return SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=plms[j].temperature,
+                              top_p=plms[j].top_p, seed=101 * j + plms[j].seed)
 
     loaded, load_s = {}, {}
     for engine in ENGINES:

@@ -64,13 +64,14 @@ class SharedZeroShot:
         self.worker = ThreadPoolExecutor(max_workers=1)
 
     def _fill(self, label: str, n: int, params) -> None:
-        from dpsynth_core.pe.llm import GenerationParams
+        from dpsynth_core.engines import SamplingParams
 
         missing = n - len(self.pool[label])
         if missing > 0:
             seed = self.seed * 1_000_003 + self.classes.index(label) * 10_007 + len(self.pool[label])
             prompt = next(p for p, c in self.label_of.items() if c == label)
-            p = GenerationParams(params.max_new_tokens, params.temperature, params.top_p, seed=seed)
+            p = SamplingParams(max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+                               top_p=params.top_p, seed=seed)
             self.pool[label] += self.inner.generate([prompt] * missing, p)
             self.generated += missing
 

@@ -32,7 +32,7 @@ def main() -> None:
 
     from dpsynth_core.config import load_config
     from dpsynth_core.pe.config import PEConfig
-    from dpsynth_core.pe.llm import GenerationParams
+    from dpsynth_core.engines import SamplingParams
     from dpsynth_core.pe.prompts import load_prompts
     from dpsynth_core.pe.weights import allocate_budget
     from ray_jobs.pe_backends import make_llms
@@ -54,9 +54,10 @@ def main() -> None:
                 out[j] += [c] * n
         return out
 
-    def params(j: int, rnd: int) -> GenerationParams:
+    def params(j: int, rnd: int) -> SamplingParams:
         p = plms[j]
-        return GenerationParams(cfg.max_new_tokens, p.temperature, p.top_p, seed=7919 * rnd + 101 * j + p.seed)
+        return SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=p.temperature,
+                              top_p=p.top_p, seed=7919 * rnd + 101 * j + p.seed)
 
     def run(requests, rnd: int, parallel: bool) -> tuple[float, list[float], list[list[str]]]:
         start = time.perf_counter()

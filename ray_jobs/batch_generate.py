@@ -105,20 +105,15 @@ class GeneratorActor:
             self.processor = getattr(importlib.import_module(module), name)(self.engine.tokenizer)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from dpsynth_core.engines import SamplingParams
+
         ids = batch["id"]
         seed = self.config.seed + int(ids[0])  # post-processing seed: a batch's rows depend on its first id only
-        if self.processor is not None:  # HF engine (engine_config forces it): generate under the processor
-            from dpsynth_core.engines.hf_sampling import SamplingParams, sample_texts
-
-            params = SamplingParams(max_new_tokens=self.config.max_new_tokens, temperature=self.config.temperature,
-                                    top_p=self.config.top_p, seed=seed, chat=self.config.chat)
-            texts = sample_texts(self.engine.model, self.engine.tokenizer, list(batch["prompt"]), params,
-                                 self.processor)
+        params = SamplingParams(max_new_tokens=self.config.max_new_tokens, temperature=self.config.temperature,
+                                top_p=self.config.top_p, seed=seed % 2**63, chat=self.config.chat)
+        if self.processor is not None:  # HF engine (engine_config forces it): one generate call under the processor
+            texts = self.engine.generate_processed(list(batch["prompt"]), params, self.processor)
         else:
-            from dpsynth_core.engines import SamplingParams
-
-            params = SamplingParams(max_new_tokens=self.config.max_new_tokens, temperature=self.config.temperature,
-                                    top_p=self.config.top_p, seed=seed, chat=self.config.chat)
             texts = self.engine.generate(list(batch["prompt"]), params)
         return {"id": ids, "prompt": batch["prompt"], "text": np.asarray(texts, dtype=object)}
 

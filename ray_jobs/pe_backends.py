@@ -14,7 +14,8 @@ import ray
 from dpsynth_core.config.resources import StageResources
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.pe.config import PLMConfig
-from dpsynth_core.pe.llm import LLM, GenerationParams, LocalLLM, OpenAICompatibleLLM, clean_completion, format_prompt
+from dpsynth_core.engines.config import SamplingParams
+from dpsynth_core.pe.llm import LLM, LocalLLM, OpenAICompatibleLLM, clean_completion, format_prompt
 from ray_jobs.cluster import OFFLINE_ENV, ensure_ray, stage_options
 
 
@@ -27,7 +28,7 @@ class PLMActor:
         self.llm = LocalLLM(model, batch_size=batch_size, num_threads=num_threads, engine=engine,
                             device=device, dtype=dtype)
 
-    def generate(self, prompts: list[str], params: GenerationParams) -> list[str]:
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[str]:
         return self.llm.generate(prompts, params)
 
     def ready(self) -> bool:
@@ -67,10 +68,10 @@ class RayActorLLM(LLM):
     def wait_ready(self) -> None:
         ray.get(self.actor.ready.remote())
 
-    def submit(self, prompts: list[str], params: GenerationParams):
+    def submit(self, prompts: list[str], params: SamplingParams):
         return _RefResult(self.actor.generate.remote(prompts, params))
 
-    def generate(self, prompts: list[str], params: GenerationParams) -> list[str]:
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[str]:
         return self.submit(prompts, params).result()
 
     def where(self) -> dict:
@@ -97,7 +98,7 @@ class ServeHandleLLM(LLM):
         self.app_name = app_name
         self.tokenizer = load_tokenizer(model)
 
-    def submit(self, prompts: list[str], params: GenerationParams):
+    def submit(self, prompts: list[str], params: SamplingParams):
         from serving.schemas import GenerationRequest
 
         rendered = [format_prompt(self.tokenizer, p) for p in prompts]
@@ -105,7 +106,7 @@ class ServeHandleLLM(LLM):
         responses = [
             self.handle.generate.remote(GenerationRequest(
                 prompts=rendered[i : i + self.max_prompts], max_new_tokens=params.max_new_tokens,
-                temperature=params.temperature, top_p=params.top_p, n=1, seed=(params.seed + i) % 2**62,
+                temperature=params.temperature, top_p=params.top_p, n=1, seed=None if params.seed is None else (params.seed + i) % 2**62,
                 chat=chat), self.deployment_name)
             for i in range(0, len(rendered), self.max_prompts)
         ]  # DeploymentResponses: nothing blocks until result()
@@ -116,7 +117,7 @@ class ServeHandleLLM(LLM):
 
         return _Resp()
 
-    def generate(self, prompts: list[str], params: GenerationParams) -> list[str]:
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[str]:
         return self.submit(prompts, params).result()
 
     def where(self) -> dict:

@@ -95,15 +95,14 @@ class VLLMBackend:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     async def generate_one(self, job: SequenceJob) -> SequenceOutput:
-        from vllm import SamplingParams
+        from dpsynth_core.engines import SamplingParams
+        from dpsynth_core.engines.vllm_engine import vllm_sampling
 
         ids = self.tokenizer(job.prompt, add_special_tokens=job.add_special_tokens)["input_ids"]
         if len(ids) > self.max_prompt_tokens:
             raise RequestLimitError(f"'prompt': {len(ids)} tokens exceed the limit of {self.max_prompt_tokens}")
-        params = SamplingParams(
-            n=1, temperature=job.temperature, top_p=job.top_p, max_tokens=job.max_new_tokens,
-            seed=job.seed % (2**31), stop=job.stop or None,
-        )
+        params = vllm_sampling(SamplingParams(max_new_tokens=job.max_new_tokens, temperature=job.temperature,
+                                              top_p=job.top_p, stop=tuple(s for s in job.stop if s)), job.seed)
         final = None
         async for output in self.engine.generate(
             {"prompt_token_ids": ids}, params, request_id=uuid.uuid4().hex, lora_request=self.lora

@@ -10,13 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from rl_reference import anchored_rl_step, load_trainable_policy, rloo_advantages
+
 from dpsynth_core.actg.anchored_rl import (
     AnchoredRLConfig,
     RLArtifacts,
-    anchored_rl_step,
     assert_no_private_paths,
-    load_trainable_policy,
-    rloo_advantages,
     run_anchored_rl,
 )
 from dpsynth_core.actg.anchored_rl_base import GammaSchedule
@@ -196,7 +195,7 @@ def test_trl_engine_adds_the_anchor_term_to_rloo(artifacts, tmp_path):
 def test_kl_term_is_to_the_dp_generator_and_enters_the_reward(artifacts):
     """beta > 0: the reward is penalised by KL(policy || DP generator). At the start the policy IS
     the DP generator (KL exactly 0); once its weights move, the KL is non-zero and changes the update."""
-    from dpsynth_core.actg.anchored_rl import kl_to_reference, sample_completions
+    from rl_reference import kl_to_reference, sample_completions
 
     torch.manual_seed(0)
     policy, tok = load_trainable_policy(artifacts.base_model, artifacts.adapter_dir, with_reference=True)
@@ -224,3 +223,56 @@ def test_kl_term_is_to_the_dp_generator_and_enters_the_reward(artifacts):
     with pytest.raises(DataError, match="reference adapter"):
         kl_to_reference(bare, seqs, attn, width, mask)
 
+
+
+def test_trl_engine_takes_the_update_of_the_plain_torch_reference(artifacts, tmp_path):
+    """One step of the trl engine and one of the plain-torch reference (tests/rl_reference.py) from the same
+    DP adapter, with tied rewards (zero RLOO advantages), beta 0 and a single anchor: both updates are then
+    AdamW's first step on gamma * SFT(anchor), so they must move every LoRA weight alike (measured: all 1,792
+    within 7.5e-6 x lr, docs/results/rl_engine_reference.md). Adam's first step is about +-lr per weight: this
+    checks the sign of every weight's gradient and the learning rate, not gamma's scale (tested above)."""
+    from safetensors.torch import load_file
+
+    from dpsynth_core.dpsgd import TrainExample
+
+    first = artifacts.anchors_path.read_text().splitlines()[0]
+    (tmp_path / "one.jsonl").write_text(first + "\n")
+    single = artifacts.model_copy(update={"anchors_path": tmp_path / "one.jsonl"})
+    lr = 1e-3
+    cfg = AnchoredRLConfig(steps=1, prompts_per_step=2, group_size=2, anchor_batch_size=1, max_new_tokens=6,
+                           max_seq_len=128, learning_rate=lr, beta=0.0, gamma0=2.0, gamma1=2.0)
+    flat = lambda texts, targets: [0.5] * len(texts)  # noqa: E731
+    trl_adapter = run_anchored_rl(single, cfg, tmp_path / "trl", reward_fn=flat, progress=False).adapter_dir
+
+    anchor = json.loads(first)
+    prompt = format_prompt(schema_from_dict(SCHEMA), anchor["attributes"], single.prompt_template,
+                           text_description=single.text_description)
+    policy, tok = load_trainable_policy(single.base_model, single.adapter_dir)
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    anchored_rl_step(policy, tok, opt, prompts=[prompt] * 2, targets=[anchor["attributes"]] * 2,
+                     anchor_examples=[TrainExample(prompt=prompt, target=" " + anchor["text"].strip())],
+                     gamma=2.0, reward_fn=flat, config=cfg, seed=0)
+    policy.save_pretrained(str(tmp_path / "reference"), selected_adapters=["default"])
+
+    start = load_file(str(artifacts.adapter_dir / "adapter_model.safetensors"))
+    by_trl = load_file(str(trl_adapter / "adapter_model.safetensors"))
+    by_ref = load_file(str(tmp_path / "reference" / "adapter_model.safetensors"))
+    assert set(by_trl) == set(by_ref) == set(start)
+    d_trl = torch.cat([(by_trl[k].float() - start[k].float()).flatten() for k in sorted(start)])
+    d_ref = torch.cat([(by_ref[k].float() - start[k].float()).flatten() for k in sorted(start)])
+    assert d_ref.abs().max() > 0.5 * lr  # the anchor term moved the reference (Adam's first step: ~lr per weight)
+    apart = (d_trl - d_ref).abs() > 1e-3 * lr
+    assert not apart.any(), f"{int(apart.sum())} of {apart.numel()} LoRA weights moved differently"
+
+
+def test_the_removed_torch_engine_is_refused_with_exit_2_naming_the_key(tmp_path, monkeypatch, capsys):
+    import yaml
+    from cli_in_process import dpsynth
+
+    run_dir = tmp_path / "run"
+    cfg = tmp_path / "actg.yaml"
+    cfg.write_text(yaml.safe_dump({"run_dir": str(run_dir), "rl": {"engine": "torch"}}))
+    code, out = dpsynth(monkeypatch, capsys, "run", "actg", "--config", str(cfg))
+    assert code == 2
+    assert "field 'rl.engine': the plain-torch RL engine was removed" in out
+    assert not run_dir.exists()

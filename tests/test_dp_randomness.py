@@ -190,7 +190,6 @@ def test_pe_and_tabular_histograms_go_through_the_one_gaussian_histogram_module(
     votes (real-valued) all draw their noise in privacy.gaussian_histogram, from OS entropy."""
     import pandas as pd
 
-    import dpsynth_core.pe.dp as pe_dp
     import dpsynth_core.tabular.dp_domain as dp_domain
     from dpsynth_core.privacy import PrivacyLedger, gaussian_histogram
     from dpsynth_core.tabular.schema import TableSchema
@@ -209,7 +208,7 @@ def test_pe_and_tabular_histograms_go_through_the_one_gaussian_histogram_module(
         return real(values, sigma, rng, integer_counts=integer_counts)
 
     monkeypatch.setattr(dp_domain, "noisy_histogram", recording)
-    monkeypatch.setattr(pe_dp, "noisy_histogram", recording)
+    monkeypatch.setattr(gaussian_histogram, "noisy_histogram", recording)
     schema = TableSchema.model_validate({"name": "t", "target": "y", "columns": [
         {"name": "a", "type": "categorical", "categories": ["u", "v"]},
         {"name": "y", "type": "categorical", "categories": ["0", "1"]}]})
@@ -217,7 +216,7 @@ def test_pe_and_tabular_histograms_go_through_the_one_gaussian_histogram_module(
     ledger = PrivacyLedger.create(tmp_path, "t", 8.0, 1e-5)
     dp_domain.dp_marginals(frame, schema, epsilon=1.0, ledger=ledger)
     dp_domain.dp_group_label_tables(frame, schema, ["a"], epsilon=1.0, ledger=ledger)
-    pe_dp.GaussianMechanism(2.0, 1.0).privatize(counts, np.random.default_rng())
+    gaussian_histogram.GaussianHistogram(2.0, 1.0).privatize(counts, np.random.default_rng())
     assert calls == [True, True, True, False]  # two marginals, one fairness table, one vote
     assert [e.kind for e in ledger.entries()] == ["gaussian", "gaussian"]
 

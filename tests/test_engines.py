@@ -133,12 +133,12 @@ def test_actg_generation_runs_through_the_engine(tiny_hf) -> None:
 
 
 def test_pe_plm_runs_through_the_engine() -> None:
-    from dpsynth_core.pe.llm import GenerationParams, LocalLLM
+    from dpsynth_core.pe.llm import LocalLLM
 
     llm = LocalLLM("tiny-llama", engine="hf", batch_size=2)
     try:
         assert llm.engine.backend == "hf"
-        params = GenerationParams(max_new_tokens=5, seed=4)
+        params = SamplingParams(max_new_tokens=5, seed=4)
         out = llm.generate(PROMPTS * 2, params)
         assert len(out) == 4 and out == llm.generate(PROMPTS * 2, params)
     finally:
@@ -224,3 +224,95 @@ def test_a_missing_vllm_fails_the_vllm_tests_under_ci_and_skips_them_elsewhere(m
     monkeypatch.delenv("CI")
     with pytest.raises(pytest.skip.Exception, match="make install"):
         vllm_gate.require_vllm()
+
+
+def test_hf_rows_keep_their_own_parameters_and_seed_in_a_mixed_batch(tiny_hf) -> None:
+    """Serve's HF replicas batch rows of different requests: a seeded row decodes the same whatever the
+    parameters and seed of its batch mate (a mate with top_p < 1 used to sort every row's CDF), and each row
+    stops at its own budget. Same batch shape in both: a random tiny model's near-flat distribution would
+    let another batch size's rounding flip a draw."""
+    from dpsynth_core.engines.hf_rows import DecodeRow
+
+    ids = tiny_hf.tokenizer(PROMPTS[0])["input_ids"]
+    row = DecodeRow(ids, SamplingParams(max_new_tokens=6, temperature=1.0, seed=5))
+    mate = DecodeRow(ids, SamplingParams(max_new_tokens=2, temperature=0.7, top_p=0.9, seed=9))
+    other_mate = DecodeRow(ids, SamplingParams(max_new_tokens=6, temperature=1.3, seed=123))
+    mixed = tiny_hf.decode_rows([row, mate])
+    beside_other = tiny_hf.decode_rows([row, other_mate])
+    assert mixed[0].token_ids == beside_other[0].token_ids and len(mixed[0].token_ids) >= 1
+    assert beside_other[1].token_ids != mixed[0].token_ids  # the mate's own seed: its own draws
+    assert len(mixed[1].token_ids) <= 2 and mixed[1].finish_reason in ("stop", "length")
+    with pytest.raises(ValueError, match="own seed"):
+        tiny_hf.decode_rows([DecodeRow(ids, SamplingParams(max_new_tokens=2))])
+
+
+def test_hf_engine_generates_under_a_logits_processor_in_one_call(tiny_hf) -> None:
+    import torch
+
+    token = tiny_hf.tokenizer("hello", add_special_tokens=False)["input_ids"][0]
+    seen: list[int] = []
+
+    def only_one_token(input_ids, scores):
+        seen.append(input_ids.shape[0])
+        forced = torch.full_like(scores, float("-inf"))
+        forced[:, token] = 0.0
+        return forced
+
+    params = SamplingParams(max_new_tokens=3, temperature=1.0, seed=1)
+    texts = tiny_hf.generate_processed(PROMPTS, params, [only_one_token])
+    expected = tiny_hf.tokenizer.decode([token] * 3, skip_special_tokens=True).strip()
+    assert texts == [expected] * len(PROMPTS) and set(seen) == {len(PROMPTS)}  # every row, one batch
+    with pytest.raises(ConfigError, match="n = 1"):
+        tiny_hf.generate_processed(PROMPTS, params.model_copy(update={"n": 2}), [only_one_token])
+
+
+def test_only_the_engines_call_hf_generate() -> None:
+    """Every generation of the library, the Ray drivers, Serve and the CLI goes through dpsynth_core/engines:
+    no other module calls a model's ``generate`` (a call with ``max_new_tokens=`` or ``**`` keywords)."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent
+    offenders = []
+    for path in sorted(p for package in ("dpsynth_core", "ray_jobs", "serving", "dpsynth")
+                       for p in (root / package).rglob("*.py")):
+        if "engines" in path.relative_to(root).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "generate":
+                if any(k.arg in (None, "max_new_tokens", "input_ids") for k in node.keywords):
+                    offenders.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not offenders, f"HF generate outside dpsynth_core/engines: {offenders}"
+
+
+def test_serve_vllm_replicas_convert_their_rows_through_the_engines_parameters() -> None:
+    """Serve's vLLM replica and the offline vLLM engine build vLLM's request parameters in one place
+    (engines.vllm_engine.vllm_sampling): a Serve row's budget, sampling, stop strings and seed reach vLLM."""
+    require_vllm()
+    import asyncio
+    from types import SimpleNamespace
+
+    from dpsynth_core.engines.vllm_engine import vllm_sampling
+    from dpsynth_core.models import load_tokenizer
+    from serving.schemas import SequenceJob
+    from serving.vllm_backend import VLLMBackend
+
+    p = vllm_sampling(SamplingParams(max_new_tokens=7, temperature=0.5, top_p=0.9, n=2, stop=("x",), regex="a+"),
+                      2**31 + 5)
+    assert (p.n, p.temperature, p.top_p, p.max_tokens, p.stop, p.seed) == (2, 0.5, 0.9, 7, ["x"], 5)
+    assert p.structured_outputs.regex == "a+"
+
+    seen = []
+
+    async def fake_generate(prompt, params, request_id, lora_request):
+        seen.append(params)
+        yield SimpleNamespace(outputs=[SimpleNamespace(text="abc STOP tail", token_ids=[1, 2, 3], finish_reason="length")])
+
+    backend = VLLMBackend.__new__(VLLMBackend)  # no engine start: only the row -> request conversion
+    backend.tokenizer, backend.max_prompt_tokens, backend.lora = load_tokenizer("tiny-llama"), 64, None
+    backend.engine = SimpleNamespace(generate=fake_generate)
+    job = SequenceJob("a b", max_new_tokens=5, temperature=0.7, top_p=0.8, seed=2**31 + 9, stop=["STOP", ""])
+    out = asyncio.run(backend.generate_one(job))
+    [params] = seen
+    assert (params.n, params.max_tokens, params.temperature, params.top_p, params.seed, params.stop) == (
+        1, 5, 0.7, 0.8, 9, ["STOP"])
+    assert (out.text, out.completion_tokens, out.finish_reason) == ("abc ", 3, "stop")

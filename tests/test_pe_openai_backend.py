@@ -11,7 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from dpsynth_core.pe.llm import GenerationParams, OpenAICompatibleLLM
+from dpsynth_core.engines import SamplingParams
+from dpsynth_core.pe.llm import OpenAICompatibleLLM
 
 
 class FakeOpenAI:
@@ -86,7 +87,7 @@ def test_requests_are_concurrent_bounded_retried_and_ordered(fake_api):
     llm = OpenAICompatibleLLM(fake_api.base_url, "fake", api_key_env="FAKE_OPENAI_KEY", max_concurrency=4,
                               max_retries=2)
     prompts = [f"prompt {i}" + (" flaky" if i % 5 == 0 else "") for i in range(20)]
-    out = llm.generate(prompts, GenerationParams(max_new_tokens=8))
+    out = llm.generate(prompts, SamplingParams(max_new_tokens=8, top_p=0.95, seed=0))
     assert out == [f"echo {p}" for p in prompts]  # input order, each flaky prompt answered on its retry
     assert fake_api.peak == 4  # bounded, and actually concurrent (old code: 1 at a time)
     assert fake_api.calls == 20 + 4  # 4 flaky prompts failed once each
@@ -98,8 +99,8 @@ def test_client_errors_are_not_retried_and_transient_ones_give_up_after_max_retr
     llm = OpenAICompatibleLLM(fake_api.base_url, "fake", api_key_env="FAKE_OPENAI_KEY", max_concurrency=2,
                               max_retries=3)
     with pytest.raises(openai.BadRequestError):
-        llm.generate(["an invalid prompt"], GenerationParams(max_new_tokens=8))
+        llm.generate(["an invalid prompt"], SamplingParams(max_new_tokens=8, top_p=0.95, seed=0))
     assert fake_api.calls == 1
     no_retry = OpenAICompatibleLLM(fake_api.base_url, "fake", api_key_env="FAKE_OPENAI_KEY", max_retries=0)
     with pytest.raises(openai.InternalServerError):
-        no_retry.generate(["flaky once"], GenerationParams(max_new_tokens=8))
+        no_retry.generate(["flaky once"], SamplingParams(max_new_tokens=8, top_p=0.95, seed=0))

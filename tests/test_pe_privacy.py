@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from dpsynth_core.pe.dp import (
-    FederatedGaussianMechanism,
-    GaussianMechanism,
-    calibrate_noise_multiplier,
-    joint_topq_l2_sensitivity,
+from dpsynth_core.pe.dp import joint_topq_l2_sensitivity
+from dpsynth_core.privacy.gaussian_histogram import (
+    FederatedGaussianHistogram,
+    GaussianHistogram,
+    calibrate_histogram_noise,
 )
 from dpsynth_core.pe.histogram import NearestNeighborHistogram, TopQHistogram
 
@@ -124,7 +124,7 @@ def _analytic_gaussian_delta(eps: float, mu: float) -> float:
     (8.0, 1e-3, 1),
 ])
 def test_sigma_calibration_matches_independent_accountants(eps, delta, t):
-    nm = calibrate_noise_multiplier(eps, delta, t)
+    nm = calibrate_histogram_noise(eps, delta, t)
     # 1. the analytic Gaussian profile of T-fold composition (mu = sqrt(T) / noise multiplier)
     mu = math.sqrt(t) / nm
     assert _analytic_gaussian_delta(eps, mu) == pytest.approx(delta, rel=1e-6)
@@ -147,8 +147,8 @@ def test_federated_noise_scaling():
     """Each of L parties adds N(0, (sigma/sqrt L)^2); the aggregate carries N(0, sigma^2); the sum of
     the parties' raw histograms is the central histogram."""
     nm, sens, parties = 1.7, joint_topq_l2_sensitivity(3), 4
-    fed = FederatedGaussianMechanism(nm, sens, parties)
-    central = GaussianMechanism(nm, sens)
+    fed = FederatedGaussianHistogram(nm, sens, parties)
+    central = GaussianHistogram(nm, sens)
     assert fed.sigma == pytest.approx(central.sigma)
     assert fed.party_sigma == pytest.approx(central.sigma / 2.0)
     rng = np.random.default_rng(0)

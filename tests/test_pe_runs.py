@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from dpsynth_core.pe.dp import calibrate_noise_multiplier
+from dpsynth_core.privacy.gaussian_histogram import calibrate_histogram_noise
 from dpsynth_core.privacy import PrivacyLedger
 
 CLASSES = ["neuroscience", "bioinformatics", "microbiology"]
@@ -76,7 +76,7 @@ def test_wasp_two_iterations_serve_and_actor_backends(ray_session, biorxiv_csv, 
     assert sorted({r["iteration"] for r in rows}) == [0, 1, 2]
 
     delta = 1e-5  # the paper's delta (default)
-    nm = calibrate_noise_multiplier(4.0, delta, 2)
+    nm = calibrate_histogram_noise(4.0, delta, 2)
     sens = math.sqrt(2)  # Q = 1
     votes = _vote_entries(run_dir, "wasp.topq_vote")
     assert len(votes) == 1
@@ -109,7 +109,7 @@ def test_augpe_federated_run(biorxiv_csv, tmp_path):
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert [r["iteration"] for r in metrics["history"]] == [0, 1, 2]
     assert metrics["num_synthetic"] == 9
-    nm = calibrate_noise_multiplier(4.0, 1e-5, 2)
+    nm = calibrate_histogram_noise(4.0, 1e-5, 2)
     (vote,) = _vote_entries(run_dir, "augpe.nn_vote")
     assert vote.details["sensitivity_l2"] == 1.0 and vote.details["federated_parties"] == 2
     assert vote.details["sigma"] == pytest.approx(nm)

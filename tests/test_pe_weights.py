@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpsynth_core.pe.dp import GaussianMechanism, calibrate_noise_multiplier
+from dpsynth_core.privacy.gaussian_histogram import GaussianHistogram, calibrate_histogram_noise
 from dpsynth_core.pe.histogram import TopQHistogram
 from dpsynth_core.pe.weights import allocate_budget, update_plm_weights
 
@@ -35,8 +35,8 @@ def test_weights_move_towards_the_voted_plm_under_dp_noise():
     raw = hist.compute(priv, priv_labels, synth, synth_labels)
     # without noise every nearest vote goes to PLM 0's samples
     assert raw.nearest[np.asarray(plm_ids) == 1].sum() == 0
-    nm = calibrate_noise_multiplier(4.0, 1e-3, iterations=2)
-    mech = GaussianMechanism(nm, hist.sensitivity)
+    nm = calibrate_histogram_noise(4.0, 1e-3, histograms=2)
+    mech = GaussianHistogram(nm, hist.sensitivity)
     w = np.array([0.5, 0.5])
     trajectory = [w]
     for t in range(2):

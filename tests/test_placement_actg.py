@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dpsynth_core.actg.anchored_rl import AnchoredRLConfig, RLArtifacts, load_trainable_policy, run_anchored_rl
+from rl_reference import load_trainable_policy
+
+from dpsynth_core.actg.anchored_rl import AnchoredRLConfig, RLArtifacts, run_anchored_rl
 from dpsynth_core.actg.extractors import build_extractor
 from dpsynth_core.actg.generator import GenerationSettings, open_generator
 from dpsynth_core.actg.pipeline import ActgConfig

@@ -36,7 +36,7 @@ def test_payload_holds_only_artifact_paths_and_public_config(tmp_path):
     payload = train_loop_payload(art, AnchoredRLConfig(), ds, tmp_path / "rl")
     assert set(payload) == {"artifacts", "config", "deepspeed_config", "output_dir"}
     assert set(payload["artifacts"]) == set(RLArtifacts.model_fields)  # nothing beyond the RL artifacts
-    assert payload["config"]["engine"] == "torch" and payload["config"]["use_accelerate"] is True
+    assert payload["config"]["engine"] == "trl" and payload["config"]["use_accelerate"] is True
     json.dumps(payload)  # plain public values only (Ray's run state stringifies it)
 
 

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from dpsynth_core.config import load_config
+from dpsynth_core.engines import SamplingParams
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.pe.config import PEConfig
 from dpsynth_core.pe.embedding import Embedding
-from dpsynth_core.pe.llm import LLM, GenerationParams
+from dpsynth_core.pe.llm import LLM
 from dpsynth_core.pe.prompts import load_prompts
 from dpsynth_core.pe.runner import PERunner, PrivateData
 from dpsynth_core.privacy import PrivacyLedger
@@ -43,7 +44,7 @@ class RecordingLLM(LLM):
         self.name = name
         self.prompts: list[str] = []
 
-    def generate(self, prompts: list[str], params: GenerationParams) -> list[str]:
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[str]:
         self.prompts += prompts
         return [f"{self.name} sample {len(self.prompts) - len(prompts) + i} seed {params.seed}"
                 for i in range(len(prompts))]

@@ -1,13 +1,13 @@
 """Anchored RL: L = L_RL + gamma(t) * L_SFT(anchor set), one optimizer step for both terms.
 
-Algorithm: **RLOO** (REINFORCE Leave-One-Out, Ahmadian et al. 2024). Two engines, one config:
-``engine: trl`` (default) runs ``trl.RLOOTrainer`` with the anchor term added to its loss
-(:mod:`dpsynth_core.actg.anchored_rl_trl`); ``engine: torch`` runs the same update below in plain
-torch (kept for its explicit accelerate/ZeRO-3 path and as a cross-check of the trl engine).
+Algorithm: **RLOO** (REINFORCE Leave-One-Out, Ahmadian et al. 2024), on ONE engine: ``trl.RLOOTrainer``
+with the anchor term added to its loss (:mod:`dpsynth_core.actg.anchored_rl_trl`). The plain-torch
+update that was a second engine (``rl.engine: torch``, now refused) lives in ``tests/rl_reference.py``
+as the reference a test checks the trl engine against.
 
 * KL: ``beta`` (default 0.2, the reference's PPO coefficient) times the per-sequence KL of the
   policy to the DP generator is subtracted from the reward, beside gamma(t) * L_SFT; the reference
-  is a frozen copy of the DP adapter (trl's "ref" adapter; the torch engine loads the same copy).
+  is a frozen copy of the DP adapter (trl's "ref" adapter).
   ``gamma0 = gamma1 = 0`` with ``beta > 0`` is the paper's "standard RL, no anchor" ablation.
 * PPO: the installed trl (1.16) no longer ships a PPO trainer (neither in ``trl`` nor in
   ``trl.experimental``), so the paper's PPO is replaced by RLOO with the same KL-in-reward form.
@@ -18,17 +18,11 @@ torch (kept for its explicit accelerate/ZeRO-3 path and as a cross-check of the 
   group's reward std, which is 0 (or tiny) for the groups of 2-4 samples we can afford here and
   would blow up GRPO's normalised advantage.
 * The anchor term enters the SAME backward pass and optimizer step as the policy-gradient term,
-  with a per-step gamma (the trl engine overrides ``compute_loss`` for that). The plain-torch
-  update below is the standard on-policy RLOO update (one gradient
-  step per batch, so the PPO ratio is 1 and clipping is moot): sample ``group_size``
-  completions per prompt with the current policy, reward r_i = IFAcc(completion_i, attributes),
-  advantage A_i = r_i - mean_{j != i} r_j, and
+  with a per-step gamma (the trl engine overrides ``compute_loss`` for that):
 
-      L_RL  = - mean_i  A_i * (1/|y_i|) sum_t log pi(y_i,t | x_i, y_i,<t)
+      L_RL  = trl's RLOO loss, advantage A_i = r_i - mean_{j != i} r_j
       L_SFT = mean over an anchor batch of the target-token cross entropy
       L     = L_RL + gamma(t) * L_SFT ,   gamma: gamma0 -> gamma1 (linear | cosine | step)
-
-  The completion token ids are the sampled ones (not re-tokenised text), so log-probs are exact.
 
 Privacy: the RL stage sees NO private record. Its only inputs are the fields of
 :class:`RLArtifacts` -- the schema, the AIM (DP) synthetic attribute table, the Best-of-N anchor
@@ -40,12 +34,9 @@ inside the private data directory, and the pipeline runs it in a fresh Ray worke
 the stage opens).
 
 GPU clusters (7B-class policies): no DP-SGD is needed here, so the stage scales with DeepSpeed
-ZeRO-3 through accelerate. ``ray_jobs/actg_rl_zero3.json`` is the DeepSpeed config; set
-``use_accelerate: true`` in the RL config and launch the driver with
-``accelerate launch --use_deepspeed --deepspeed_config_file ray_jobs/actg_rl_zero3.json
---num_processes 8 -m ray_jobs.actg --config CONFIG`` (or wrap :func:`run_anchored_rl` in a Ray
-``TorchTrainer`` with the same config). UNMEASURED: this machine has no GPU; the accelerate path
-is written against accelerate's public API (prepare / backward / unwrap_model) but never ran here.
+ZeRO-3: ``ray_jobs.rl_deepspeed`` runs :func:`run_anchored_rl` on Ray Train workers with
+``use_accelerate: true``, and trl's Trainer takes the DeepSpeed config the workers' accelerate
+environment names. UNMEASURED: this machine has no GPU and no DeepSpeed.
 """
 
 from __future__ import annotations
@@ -53,14 +44,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dpsynth_core.actg.anchored_rl_base import AnchoredRLConfig, RewardFn, sft_loss
+from dpsynth_core.actg.anchored_rl_base import AnchoredRLConfig, RewardFn
 from dpsynth_core.errors import DataError
 
 
@@ -109,125 +99,12 @@ class RLResult:
 
 
 # ---------------------------------------------------------------------------------------------
-# the update
-# ---------------------------------------------------------------------------------------------
-def rloo_advantages(rewards, group_size: int):
-    """A_i = r_i - mean of the other rewards of the same prompt (rewards laid out prompt-major)."""
-    r = rewards.view(-1, group_size).double()
-    adv = group_size / (group_size - 1) * (r - r.mean(dim=1, keepdim=True))  # = r_i - mean_{j!=i} r_j
-    tied = (r.max(dim=1, keepdim=True).values == r.min(dim=1, keepdim=True).values)
-    return adv.masked_fill(tied, 0.0).view(-1).to(rewards.dtype)  # a tied group carries no signal (exactly 0)
-
-
-def sample_completions(policy, tokenizer, prompts: Sequence[str], config: AnchoredRLConfig, seed: int,
-                       synced_gpus: bool = False):
-    """Sample with the current policy; returns (sequences, prompt_width, completion_mask, texts).
-
-    Prompts are left-padded; the completion mask keeps tokens up to and including the first eos.
-    """
-    import torch
-
-    torch.manual_seed(seed)
-    enc = tokenizer(list(prompts), return_tensors="pt", padding=True)
-    enc = {k: v.to(policy.device) for k, v in enc.items()}
-    was_training = policy.training
-    policy.eval()
-    with torch.no_grad():
-        seqs = policy.generate(**enc, max_new_tokens=config.max_new_tokens, do_sample=True,
-                               temperature=config.temperature, top_p=config.top_p,
-                               pad_token_id=tokenizer.pad_token_id,
-                               **({"synced_gpus": True} if synced_gpus else {}))  # ZeRO-3: ranks in lockstep
-    policy.train(was_training)
-    width = enc["input_ids"].shape[1]
-    completion = seqs[:, width:]
-    eos = tokenizer.eos_token_id
-    is_eos = completion == eos if eos is not None else torch.zeros_like(completion, dtype=torch.bool)
-    # keep tokens up to and including the first eos
-    after_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
-    mask = ~after_eos
-    texts = [t.strip() for t in tokenizer.batch_decode(completion.masked_fill(~mask, tokenizer.pad_token_id),
-                                                        skip_special_tokens=True)]
-    attn = torch.cat([enc["attention_mask"], mask.long()], dim=1)
-    return seqs, width, mask, attn, texts
-
-
-def completion_logprob_mean(policy, seqs, attn, width: int, mask):
-    """Per sequence: mean log-prob of its completion tokens under ``policy`` (with grad)."""
-    import torch
-
-    position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)
-    logits = policy(input_ids=seqs, attention_mask=attn, position_ids=position_ids).logits
-    logits = logits[:, width - 1:-1, :].float()
-    target = seqs[:, width:]
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
-    m = mask.float()
-    return (logp * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
-
-
-def kl_to_reference(policy, seqs, attn, width: int, mask, reference: str = "ref"):
-    """Per sequence: sum over completion tokens of log pi(y_t) - log pi_ref(y_t), the first-order KL
-    estimate that RLOO subtracts from the reward; ``reference`` is the frozen copy of the DP adapter."""
-    import torch
-
-    if reference not in getattr(policy, "peft_config", {}):
-        raise DataError(f"anchored RL: beta > 0 needs the frozen reference adapter '{reference}' "
-                        "(load_trainable_policy(..., with_reference=True))")
-    tokens = mask.float().sum(dim=1)
-    with torch.no_grad():
-        logp = completion_logprob_mean(policy, seqs, attn, width, mask)
-        policy.set_adapter(reference)
-        try:
-            ref = completion_logprob_mean(policy, seqs, attn, width, mask)
-        finally:
-            policy.set_adapter("default")
-    return (logp - ref) * tokens
-
-
-def anchored_rl_step(policy, tokenizer, optimizer, *, prompts: Sequence[str], targets: Sequence[dict],
-                     anchor_examples: Sequence, gamma: float, reward_fn: RewardFn,
-                     config: AnchoredRLConfig, seed: int, accelerator=None) -> dict:
-    """One Anchored-RL optimizer step: sample, reward, RLOO loss + gamma * SFT loss, backward, step."""
-    import torch
-
-    g = config.group_size
-    flat_prompts = [p for p in prompts for _ in range(g)]
-    flat_targets = [t for t in targets for _ in range(g)]
-    sampler = accelerator.unwrap_model(policy) if accelerator is not None else policy
-    synced = accelerator is not None and accelerator.num_processes > 1
-    seqs, width, mask, attn, texts = sample_completions(sampler, tokenizer, flat_prompts, config, seed, synced)
-    rewards = torch.tensor(reward_fn(texts, flat_targets), dtype=torch.float32)
-    kl = kl_to_reference(sampler, seqs, attn, width, mask) if config.beta > 0 else torch.zeros_like(rewards)  # unwrapped: set_adapter
-    adv = rloo_advantages(rewards - config.beta * kl.cpu(), g).to(policy.device)
-    policy.train()
-    logp = completion_logprob_mean(policy, seqs, attn, width, mask)
-    rl_loss = -(adv * logp).mean()
-    anchor = sft_loss(policy, tokenizer, anchor_examples, config.max_seq_len) if gamma > 0 else torch.zeros(())
-    loss = rl_loss + gamma * anchor
-    optimizer.zero_grad(set_to_none=True)
-    if accelerator is not None:
-        accelerator.backward(loss)
-    else:
-        loss.backward()
-    params = [p for p in policy.parameters() if p.requires_grad]
-    if accelerator is not None:  # under ZeRO-3 the grads are sharded: let accelerate clip them
-        grad_norm = accelerator.clip_grad_norm_(params, config.max_grad_norm)
-    else:
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
-    optimizer.step()
-    return {"gamma": gamma, "reward": float(rewards.mean()), "kl": float(kl.mean()), "reward_std": float(rewards.std(unbiased=False)),
-            "rl_loss": float(rl_loss.detach()), "sft_loss": float(anchor.detach()),
-            "loss": float(loss.detach()), "grad_norm": float(grad_norm),
-            "completion_tokens": float(mask.float().sum(dim=1).mean())}
-
-
-# ---------------------------------------------------------------------------------------------
 # the stage
 # ---------------------------------------------------------------------------------------------
-def load_trainable_policy(base_model: str, adapter_dir: Path, with_reference: bool = False, placement=None):
-    """The DP generator (base + LoRA adapter) with its LoRA weights trainable; ``with_reference``
-    adds a frozen copy of the DP adapter named "ref" (the KL reference of the torch engine; trl
-    makes the same copy itself). ``placement`` (``config.placement.Placement``; default CPU fp32) puts it
-    on its device, the trainable LoRA weights in fp32."""
+def load_trainable_policy(base_model: str, adapter_dir: Path, placement=None):
+    """The DP generator (base + LoRA adapter) with its LoRA weights trainable (trl copies the DP adapter
+    as its frozen KL reference itself). ``placement`` (``config.placement.Placement``; default CPU fp32)
+    puts it on its device, the trainable LoRA weights in fp32."""
     from peft import PeftModel
 
     from dpsynth_core.config.placement import place_model, resolve_placement
@@ -236,9 +113,6 @@ def load_trainable_policy(base_model: str, adapter_dir: Path, with_reference: bo
     placement = placement or resolve_placement("cpu")
     base, tokenizer = load_causal_lm(base_model, placement=placement)
     policy = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
-    if with_reference:
-        policy.load_adapter(str(adapter_dir), adapter_name="ref", is_trainable=False)
-        policy.set_adapter("default")
     return place_model(policy, placement), tokenizer
 
 
@@ -276,8 +150,8 @@ def run_anchored_rl(artifacts: RLArtifacts, config: AnchoredRLConfig, output_dir
     weights first and writes on rank 0 only: ``ray_jobs.rl_deepspeed``); False: nothing written here."""
     import pandas as pd
     import torch
-    from tqdm.auto import tqdm
 
+    from dpsynth_core.actg.anchored_rl_trl import train_with_trl
     from dpsynth_core.actg.generator import format_prompt
     from dpsynth_core.actg.schema import load_schema
     from dpsynth_core.dpsgd import TrainExample
@@ -303,45 +177,15 @@ def run_anchored_rl(artifacts: RLArtifacts, config: AnchoredRLConfig, output_dir
     if not anchor_examples:
         raise DataError(f"{artifacts.anchors_path}: every anchor text is empty")
     torch.manual_seed(config.seed)
-    policy, tokenizer = load_trainable_policy(artifacts.base_model, artifacts.adapter_dir,
-                                              with_reference=config.engine == "torch" and config.beta > 0,
-                                              placement=placement)
+    policy, tokenizer = load_trainable_policy(artifacts.base_model, artifacts.adapter_dir, placement=placement)
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    accelerator = None
-    if config.engine == "trl":
-        from dpsynth_core.actg.anchored_rl_trl import train_with_trl
-
-        # enough prompts for every step; trl samples them without replacement per epoch
-        n = max(len(attribute_rows), config.steps * config.prompts_per_step)
-        targets = [attribute_rows[i % len(attribute_rows)] for i in range(n)]
-        history = train_with_trl(policy, tokenizer, prompts=[prompt_of(r) for r in targets], targets=targets,
-                                 anchor_examples=anchor_examples, reward_fn=reward_fn, config=config,
-                                 output_dir=output_dir, progress=progress, placement=placement)
-    else:
-        params = [p for p in policy.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=0.0)
-        if config.use_accelerate:  # pragma: no cover - GPU clusters only, unmeasured here
-            from accelerate import Accelerator
-
-            accelerator = Accelerator()
-            policy, optimizer = accelerator.prepare(policy, optimizer)
-        gamma = config.gamma_schedule()
-        rng = torch.Generator().manual_seed(config.seed)
-        history = []
-        for t in tqdm(range(config.steps), desc="anchored RL", disable=not progress, unit="step"):
-            idx = torch.randint(len(attribute_rows), (config.prompts_per_step,), generator=rng).tolist()
-            aidx = torch.randint(len(anchor_examples), (config.anchor_batch_size,), generator=rng).tolist()
-            targets = [attribute_rows[i] for i in idx]
-            t0 = time.perf_counter()
-            row = anchored_rl_step(policy, tokenizer, optimizer, prompts=[prompt_of(r) for r in targets],
-                                   targets=targets, anchor_examples=[anchor_examples[i] for i in aidx],
-                                   gamma=gamma(t), reward_fn=reward_fn, config=config,
-                                   seed=config.seed * 7919 + t, accelerator=accelerator)
-            row.update(step=t + 1, seconds=time.perf_counter() - t0)
-            history.append(row)
-    if accelerator is not None:  # pragma: no cover
-        policy = accelerator.unwrap_model(policy)
+    # enough prompts for every step; trl samples them without replacement per epoch
+    n = max(len(attribute_rows), config.steps * config.prompts_per_step)
+    targets = [attribute_rows[i % len(attribute_rows)] for i in range(n)]
+    history = train_with_trl(policy, tokenizer, prompts=[prompt_of(r) for r in targets], targets=targets,
+                             anchor_examples=anchor_examples, reward_fn=reward_fn, config=config,
+                             output_dir=output_dir, progress=progress, placement=placement)
     final, tmp = output_dir / "adapter", output_dir / ".adapter.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     if save_adapter(policy, tmp):

@@ -1,7 +1,8 @@
-"""What both Anchored RL engines share (``anchored_rl``: plain torch, ``anchored_rl_trl``: trl): the
+"""What the Anchored RL stage (``anchored_rl``) and its trl engine (``anchored_rl_trl``) share: the
 config, the gamma(t) schedule of the anchor term, the reward's type and the anchor SFT loss.
 
-Below both engines, so the trl engine needs nothing from the module that dispatches to it.
+Below both, so the trl engine needs nothing from the module that calls it (the plain-torch reference in
+``tests/rl_reference.py`` uses the same pieces).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from dpsynth_core.config import BATCH_CAP, NEW_TOKENS_CAP, SEQ_LEN_CAP, STEPS_CAP, StrictConfig, cap
 
@@ -62,13 +63,22 @@ class AnchoredRLConfig(StrictConfig):
     top_p: float = Field(1.0, gt=0, le=1)
     max_seq_len: Annotated[int, SEQ_LEN_CAP] = Field(384, ge=16)
     seed: int = 0
-    # "trl": trl.RLOOTrainer + the anchor term (anchored_rl_trl.py); "torch": the same update in
-    # plain torch below (no Trainer machinery; its accelerate path is the ZeRO-3 route).
-    engine: Literal["trl", "torch"] = "trl"
-    use_accelerate: bool = False  # engine "torch" on GPU clusters: DeepSpeed ZeRO-3 via accelerate (unmeasured here)
+    # the one RL engine: trl.RLOOTrainer + the anchor term (anchored_rl_trl.py)
+    engine: Literal["trl"] = "trl"
+    # GPU clusters: trl's Trainer runs under the DeepSpeed ZeRO-3 config that the accelerate environment names
+    # (ray_jobs.rl_deepspeed sets it on its workers; unmeasured here)
+    use_accelerate: bool = False
     # where the policy trains (dpsynth_core.config.placement); LoRA weights stay fp32 under a bf16 base
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "bf16", "fp32"] = "auto"
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _one_engine(cls, value):
+        if value == "torch":
+            raise ValueError("the plain-torch RL engine was removed: trl's RLOOTrainer is the one RL engine "
+                             "(engine: trl, or leave the key out)")
+        return value
 
     def placement(self):
         from dpsynth_core.config.placement import resolve_placement

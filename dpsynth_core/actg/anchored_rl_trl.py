@@ -15,16 +15,19 @@ per prompt we can afford on CPU; RLOO's leave-one-out baseline needs neither. ``
 trl copies that adapter as the frozen "ref" adapter and the KL is to the DP generator (not to the
 pretrained base).
 
-Privacy: same contract as the plain-torch engine -- inputs are an :class:`RLArtifacts` of DP
+Privacy: the stage's contract (:mod:`dpsynth_core.actg.anchored_rl`) -- inputs are an :class:`RLArtifacts` of DP
 outputs and public files only (post-processing, zero cost).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from dpsynth_core.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from dpsynth_core.actg.anchored_rl_base import AnchoredRLConfig, GammaSchedule, RewardFn
@@ -85,7 +88,14 @@ def train_with_trl(policy, tokenizer, *, prompts: list[str], targets: list[dict]
     dataset = Dataset.from_list([{"prompt": p, "attributes": json.dumps(t, sort_keys=True)}
                                  for p, t in zip(prompts, targets)])
     scratch = Path(output_dir) / ".trl"
+    deepspeed = None
+    if config.use_accelerate:  # GPU clusters: ZeRO-3 from the launcher's environment (unmeasured here)
+        deepspeed = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+        if not deepspeed:
+            raise ConfigError("field 'rl.use_accelerate': no DeepSpeed config in the environment "
+                              "(ACCELERATE_DEEPSPEED_CONFIG_FILE); run the stage through ray_jobs.rl_deepspeed")
     args = RLOOConfig(
+        deepspeed=deepspeed,
         output_dir=str(scratch), max_steps=config.steps, seed=config.seed,
         per_device_train_batch_size=config.prompts_per_step * config.group_size,
         num_generations=config.group_size, gradient_accumulation_steps=1, steps_per_generation=1,

@@ -136,28 +136,15 @@ def generate_texts(model, tokenizer, prompts: Sequence[str], settings: Generatio
                    n: int = 1, progress: bool = True, desc: str = "generating") -> list[list[str]]:
     """``n`` sampled completions per prompt (``out[i][j]``).
 
-    ``model`` is an engine from :func:`open_generator` (``tokenizer`` unused) or an HF model.
-    HF: batches of ``settings.batch_size``, expanded prompt-major, so a batch holds several samples
-    of the same prompt; each batch (engine: each chunk of prompts) is seeded from ``settings.seed``
-    and its index, so results do not depend on how many batches ran before a resume.
+    ``model`` is an engine from :func:`open_generator` (``tokenizer`` unused) or an HF model, which
+    runs through the HF engine (batches of ``settings.batch_size``). Each chunk of prompts is seeded
+    from ``settings.seed`` and its index, so results do not depend on how many chunks ran before a resume.
     """
     from dpsynth_core.engines import TextEngine
 
-    if isinstance(model, TextEngine):
-        return _generate_with_engine(model, prompts, settings, n, progress, desc)
-    import torch
-    from tqdm.auto import tqdm
+    if not isinstance(model, TextEngine):
+        from dpsynth_core.engines.hf_engine import HFEngine
 
-    from dpsynth_core.engines.hf_sampling import SamplingParams, sample_texts
-
-    flat = [p for p in prompts for _ in range(n)]
-    out_flat: list[str] = []
-    bs = settings.batch_size
-    starts = range(0, len(flat), bs)
-    model.eval()
-    with torch.no_grad():
-        for b, start in enumerate(tqdm(starts, desc=desc, disable=not progress, unit="batch")):
-            params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
-                                    top_p=settings.top_p, seed=settings.seed * 100_003 + b, chat=False)
-            out_flat.extend(sample_texts(model, tokenizer, flat[start:start + bs], params))
-    return [out_flat[i * n:(i + 1) * n] for i in range(len(prompts))]
+        model.eval()
+        model = HFEngine.from_loaded(model, tokenizer, batch_size=settings.batch_size)
+    return _generate_with_engine(model, prompts, settings, n, progress, desc)

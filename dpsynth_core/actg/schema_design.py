@@ -100,29 +100,20 @@ def design_schema(llm: TextLLM | Callable[[str], str], data_description: str, wo
 
 
 class LocalLMBackend:
-    """``generate(prompt)`` with a local causal LM from the registry (chat template, greedy)."""
+    """``generate(prompt)`` with a local causal LM from the registry (chat template, greedy), through the
+    generation engine. ``engine: hf`` by default: a few greedy answers do not repay a vLLM engine start."""
 
-    def __init__(self, name: str = "smollm2-135m-instruct", max_new_tokens: int = 768, device: str = "auto") -> None:
-        from dpsynth_core.config.placement import resolve_placement
-        from dpsynth_core.models import load_causal_lm
+    def __init__(self, name: str = "smollm2-135m-instruct", max_new_tokens: int = 768, device: str = "auto",
+                 engine: str = "hf") -> None:
+        from dpsynth_core.engines import EngineConfig, SamplingParams, load_engine
 
-        self.model, self.tokenizer = load_causal_lm(name, placement=resolve_placement(device))
-        self.max_new_tokens = max_new_tokens
+        self.engine = load_engine(EngineConfig(model=name, backend=engine, device=device, hf_batch_size=1,
+                                               max_model_len=4096))  # vLLM: the long schema prompt + answer
+        chat = bool(getattr(self.engine.tokenizer, "chat_template", None))
+        self.params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, chat=chat)
 
     def generate(self, prompt: str) -> str:
-        import torch
-
-        tok = self.tokenizer
-        if getattr(tok, "chat_template", None):
-            text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                           add_generation_prompt=True)
-        else:
-            text = prompt
-        enc = tok(text, return_tensors="pt", add_special_tokens=False).to(self.model.device)
-        with torch.inference_mode():
-            out = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, do_sample=False,
-                                      pad_token_id=tok.pad_token_id)
-        return tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        return self.engine.generate([prompt], self.params)[0]
 
 
 class OpenAIBackend:

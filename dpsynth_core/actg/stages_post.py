@@ -153,8 +153,8 @@ def stage_anchored_rl(cfg, root: str) -> dict:
                             extractor=cfg.reward_config(rd.root).model_dump())
     result = run_anchored_rl(artifacts, cfg.rl, rd.rl)
     h = result.history
-    summary = {"adapter_dir": str(result.adapter_dir), "steps": len(h), "algorithm": "RLOO (trl)"
-               if cfg.rl.engine == "trl" else "RLOO (torch)", "beta_kl": cfg.rl.beta,
+    summary = {"adapter_dir": str(result.adapter_dir), "steps": len(h), "algorithm": "RLOO (trl)",
+               "beta_kl": cfg.rl.beta,
                "reward_first": h[0]["reward"], "reward_last": h[-1]["reward"],
                "reward_mean": sum(r["reward"] for r in h) / len(h),
                "gamma_first": h[0]["gamma"], "gamma_last": h[-1]["gamma"]}

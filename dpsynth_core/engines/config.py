@@ -27,7 +27,7 @@ class EngineConfig(StrictConfig):
     # without a GPU is a ConfigError before the model loads. vLLM runs where its build runs.
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # "auto": bfloat16 under vLLM (its CPU kernels want it) and for HF on a GPU, float32 for HF on CPU.
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # vLLM only
     max_model_len: int = Field(512, ge=16)  # prompt + completion tokens per sequence
     kv_cache_gib: float = Field(4.0, gt=0)  # VLLM_CPU_KVCACHE_SPACE: KV-cache memory reserved on CPU
@@ -35,6 +35,7 @@ class EngineConfig(StrictConfig):
     # "lora": serve the adapter through vLLM's LoRA kernels; "merged": merge it into the base weights once and
     # serve that; "auto": merged on CPU, where vLLM's LoRA path generated 3.4-4.4x slower (SmolLM2-135M, r 8,
     # 32 / 128 prompts: benchmarks/generation_engines.py --lora-modes), lora on a GPU (no merged copy per adapter).
+    # HF: "merged" merges the adapter into the weights in memory (Serve's HF replicas); else it stays a LoRA.
     lora_mode: Literal["auto", "lora", "merged"] = "auto"
     # HF only
     hf_batch_size: int = Field(32, ge=1)  # prompts per `generate` call

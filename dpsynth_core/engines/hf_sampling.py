@@ -1,24 +1,16 @@
-"""Plain batched sampling from a causal LM (post-processing: sees no private data).
+"""The HF backend's one ``model.generate`` call: a batch of prompts, one completion each, seeded per call.
 
-Shared by batch generation (Ray Data), the pipelines and the benchmarks. Reproducible: one
-seed per call; left padding; returns only the new text.
+Post-processing (sees no private data). Every HF generation of the library runs through here, by way
+of :class:`~dpsynth_core.engines.hf_engine.HFEngine`; left padding; returns only the new text, stripped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    top_p: float = 0.95
-    seed: int = 0
-    chat: bool = False  # wrap each prompt in the tokenizer's chat template (instruct models)
+from dpsynth_core.engines.config import SamplingParams
 
 
 def format_prompts(tokenizer, prompts: Sequence[str], chat: bool) -> list[str]:
@@ -30,15 +22,24 @@ def format_prompts(tokenizer, prompts: Sequence[str], chat: bool) -> list[str]:
     ]
 
 
+def model_device(model) -> torch.device:
+    """Where the model's weights are (a wrapped training model, e.g. Opacus', has no ``.device``)."""
+    device = getattr(model, "device", None)
+    return device if device is not None else next(model.parameters()).device
+
+
 @torch.no_grad()
-def sample_texts(model, tokenizer, prompts: Sequence[str], params: SamplingParams, logits_processor=None) -> list[str]:
-    """One completion per prompt."""
+def sample_texts(model, tokenizer, prompts: Sequence[str], params: SamplingParams, seed: int,
+                 logits_processor=None) -> list[str]:
+    """One completion per prompt (``params.n`` and ``params.stop`` are the engine's business), from one
+    ``generate`` call after ``torch.manual_seed(seed)``; ``logits_processor`` sees the rows in order."""
     if not prompts:
         return []
-    torch.manual_seed(params.seed)
+    torch.manual_seed(seed)
     texts = format_prompts(tokenizer, prompts, params.chat)
     batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=not params.chat)
-    batch = {k: v.to(model.device) for k, v in batch.items()}
+    device = model_device(model)
+    batch = {k: v.to(device) for k, v in batch.items()}
     do_sample = params.temperature > 0
     out = model.generate(
         **batch,

@@ -63,6 +63,19 @@ def merged_dir(model: str, adapter_dir: Path) -> Path:
     return cache_dir() / "merged" / digest.hexdigest()[:24]
 
 
+def vllm_sampling(params: SamplingParams, seed: int):
+    """vLLM's request parameters for ours (the offline engine's and Serve's vLLM replicas'), seeded with
+    ``seed`` (vLLM takes 31 bits)."""
+    import vllm
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return vllm.SamplingParams(
+        n=params.n, temperature=params.temperature, top_p=params.top_p,
+        max_tokens=params.max_new_tokens, stop=list(params.stop) or None, seed=seed % 2**31,
+        structured_outputs=StructuredOutputsParams(regex=params.regex) if params.regex else None,
+    )
+
+
 class VLLMEngine(TextEngine):
     backend = "vllm"
 
@@ -125,9 +138,6 @@ class VLLMEngine(TextEngine):
 
     def run(self, prompts: Sequence[str], params: SamplingParams | Sequence[SamplingParams]) -> GenerationBatch:
         """As :meth:`TextEngine.run`; ``params`` may also be one per prompt (e.g. one row regex each)."""
-        import vllm
-        from vllm.sampling_params import StructuredOutputsParams
-
         each = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(each) != len(prompts) or len({p.n for p in each}) > 1 or len({p.chat for p in each}) > 1:
             raise ValueError("one SamplingParams, or one per prompt with the same n and chat")
@@ -136,15 +146,7 @@ class VLLMEngine(TextEngine):
         params = each[0]
         base_seed = params.seed if params.seed is not None else secret_seed(31)
         # One seed per prompt, so a prompt's samples do not depend on which batch it landed in.
-        requests = [
-            vllm.SamplingParams(
-                n=p.n, temperature=p.temperature, top_p=p.top_p,
-                max_tokens=p.max_new_tokens, stop=list(p.stop) or None,
-                seed=(base_seed + i) % 2**31,
-                structured_outputs=StructuredOutputsParams(regex=p.regex) if p.regex else None,
-            )
-            for i, p in enumerate(each)
-        ]
+        requests = [vllm_sampling(p, base_seed + i) for i, p in enumerate(each)]
         start = time.perf_counter()
         self.llm.enqueue(self._prompt_ids(prompts, params.chat), requests, lora_request=self.lora, use_tqdm=False)
         finished: list[tuple[object, float]] = []

@@ -1,4 +1,5 @@
-"""Gaussian mechanism on PE / WASP vote histograms, its sensitivity, and sigma calibration.
+"""The sensitivity of the PE / WASP vote histograms (the Gaussian mechanism itself, its calibration and its
+ledger event are ``privacy.gaussian_histogram``, shared with the tabular methods).
 
 Sensitivity of the joint (nearest, farthest) Top-Q histogram (WASP)
 -------------------------------------------------------------------
@@ -40,7 +41,6 @@ import math
 import numpy as np
 
 from dpsynth_core.errors import ConfigError
-from dpsynth_core.privacy.gaussian_histogram import noisy_histogram
 
 
 def topq_weights(q: int) -> np.ndarray:
@@ -61,72 +61,3 @@ def joint_topq_l2_sensitivity(q: int) -> float:
 def nearest_neighbor_l2_sensitivity() -> float:
     """L2 sensitivity of the Aug-PE histogram: one vote of weight 1 per private record."""
     return 1.0
-
-
-def calibrate_noise_multiplier(epsilon: float, delta: float, iterations: int) -> float:
-    """Noise multiplier (sigma / sensitivity) so that ``iterations`` releases are (eps, delta)-DP.
-
-    Composition of Gaussian mechanisms, accounted exactly by :mod:`dpsynth_core.privacy`."""
-    from dpsynth_core.privacy import calibrate_gaussian_noise
-
-    if iterations < 1:
-        raise ConfigError(f"private evolution: iterations must be >= 1, got {iterations}")
-    return float(calibrate_gaussian_noise(epsilon, delta, compositions=iterations))
-
-
-class GaussianMechanism:
-    """Adds N(0, sigma^2) to every histogram bin, ``sigma = noise_multiplier * sensitivity``."""
-
-    def __init__(self, noise_multiplier: float, sensitivity: float) -> None:
-        if noise_multiplier <= 0 or sensitivity <= 0:
-            raise ConfigError("Gaussian mechanism: noise_multiplier and sensitivity must be > 0")
-        self.noise_multiplier = float(noise_multiplier)
-        self.sensitivity = float(sensitivity)
-
-    @property
-    def sigma(self) -> float:
-        return self.noise_multiplier * self.sensitivity
-
-    def privatize(self, histogram: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """One release: histogram + Gaussian noise (float64 array, same shape)."""
-        return noisy_histogram(histogram, self.sigma, rng, integer_counts=False)  # weighted votes: not integers
-
-
-class NoiselessMechanism:
-    """epsilon = inf reference runs only (``not_private: true``; the ledger is marked): no noise."""
-
-    noise_multiplier = 0.0
-    sigma = 0.0
-
-    def __init__(self, sensitivity: float) -> None:
-        self.sensitivity = float(sensitivity)
-
-    def privatize(self, histogram: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        return np.asarray(histogram, dtype=np.float64).copy()
-
-
-class FederatedGaussianMechanism(GaussianMechanism):
-    """L parties each vote on their own records and add N(0, (sigma / sqrt(L))^2); the noisy
-    partial histograms are summed by the aggregator, so the sum carries N(0, sigma^2) total noise
-    -- the same guarantee as the central mechanism *provided* the aggregator only sees the sum
-    (secure aggregation). A single party's message on its own is protected by sigma/sqrt(L) only."""
-
-    def __init__(self, noise_multiplier: float, sensitivity: float, parties: int) -> None:
-        super().__init__(noise_multiplier, sensitivity)
-        if parties < 1:
-            raise ConfigError(f"federated mechanism: parties must be >= 1, got {parties}")
-        self.parties = int(parties)
-
-    @property
-    def party_sigma(self) -> float:
-        return self.sigma / math.sqrt(self.parties)
-
-    def party_release(self, partial: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """What one party sends: its own histogram plus its share of the noise."""
-        return noisy_histogram(partial, self.party_sigma, rng, integer_counts=False)
-
-    def aggregate(self, partials: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
-        """Sum of every party's noisy release (noise std of the sum: sigma)."""
-        if len(partials) != self.parties:
-            raise ConfigError(f"federated mechanism: expected {self.parties} partial histograms, got {len(partials)}")
-        return np.sum([self.party_release(p, rng) for p in partials], axis=0)

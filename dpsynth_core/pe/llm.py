@@ -10,17 +10,9 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 
+from dpsynth_core.engines.config import SamplingParams
 from dpsynth_core.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class GenerationParams:
-    max_new_tokens: int = 96
-    temperature: float = 1.0
-    top_p: float = 0.95
-    seed: int = 0
 
 
 class Completed:
@@ -39,10 +31,10 @@ class LLM(ABC):
     name: str
 
     @abstractmethod
-    def generate(self, prompts: list[str], params: GenerationParams) -> list[str]:
-        """One completion per prompt, prompt text excluded."""
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[str]:
+        """One completion per prompt (``params.n`` is 1), prompt text excluded."""
 
-    def submit(self, prompts: list[str], params: GenerationParams):
+    def submit(self, prompts: list[str], params: SamplingParams):
         """Start generation and return an object with ``.result() -> list[str]``."""
         return Completed(self.generate(prompts, params))
 
@@ -87,11 +79,8 @@ class LocalLLM(LLM):
         # Instruct models get their chat template, base models (Gemma-3-270M) continue the raw prompt.
         self.chat = bool(getattr(self.engine.tokenizer, "chat_template", None))
 
-    def generate(self, prompts: list[str], params: GenerationParams) -> list[str]:
-        from dpsynth_core.engines import SamplingParams
-
-        sampling = SamplingParams(max_new_tokens=params.max_new_tokens, temperature=params.temperature,
-                                  top_p=params.top_p, seed=params.seed, chat=self.chat)
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[str]:
+        sampling = params.model_copy(update={"chat": self.chat})
         return [clean_completion(t) for t in self.engine.generate(prompts, sampling)]
 
     def close(self) -> None:
@@ -120,15 +109,15 @@ class OpenAICompatibleLLM(LLM):
         self.name = name or model
         self.max_concurrency, self.max_retries = max_concurrency, max_retries
 
-    def _one(self, i: int, prompt: str, params: GenerationParams) -> str:
+    def _one(self, i: int, prompt: str, params: SamplingParams) -> str:
         resp = self.client.chat.completions.create(
             model=self.model, messages=[{"role": "user", "content": prompt}],
             max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
-            seed=params.seed + i,
+            **({} if params.seed is None else {"seed": params.seed + i}),  # no seed: the server's own draw
         )
         return clean_completion(resp.choices[0].message.content or "")
 
-    def generate(self, prompts: list[str], params: GenerationParams) -> list[str]:
+    def generate(self, prompts: list[str], params: SamplingParams) -> list[str]:
         """Up to ``max_concurrency`` requests in flight; transient errors retried ``max_retries`` times."""
         from dpsynth_core.pe.concurrent_requests import map_bounded
 

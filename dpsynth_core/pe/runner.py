@@ -18,23 +18,24 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
+from dpsynth_core.engines.config import SamplingParams
 from dpsynth_core.errors import ConfigError, DataError
 from dpsynth_core.pe.callbacks import Callback
 from dpsynth_core.pe.checkpoint import RunState, VoteStore
 from dpsynth_core.pe.config import PEConfig
-from dpsynth_core.pe.dp import (
-    FederatedGaussianMechanism,
-    GaussianMechanism,
-    NoiselessMechanism,
-    calibrate_noise_multiplier,
-)
 from dpsynth_core.pe.embedding import Embedding
 from dpsynth_core.pe.federated import assign_parties
 from dpsynth_core.pe.histogram import Histogram, NearestNeighborHistogram, TopQHistogram, VoteHistograms
-from dpsynth_core.pe.llm import LLM, GenerationParams
+from dpsynth_core.pe.llm import LLM
 from dpsynth_core.pe.population import Population, draw_examples, resample_per_class, top_per_class
 from dpsynth_core.pe.prompts import PromptSet
 from dpsynth_core.pe.weights import allocate_budget, update_plm_weights
+from dpsynth_core.privacy.gaussian_histogram import (
+    FederatedGaussianHistogram,
+    GaussianHistogram,
+    NoiselessHistogram,
+    calibrate_histogram_noise,
+)
 from dpsynth_core.privacy.randomness import secure_rng
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class PrivateData:
         return f"PrivateData(<{len(self.texts)} private records>)"
 
 
-def generate_all(llms: Sequence[LLM], requests: list[list[str]], params: list[GenerationParams],
+def generate_all(llms: Sequence[LLM], requests: list[list[str]], params: list[SamplingParams],
                  parallel: bool = True) -> list[list[str]]:
     """Submit every PLM's prompts first, then wait: Ray/Serve backends run concurrently.
     ``parallel=False`` waits for each PLM before calling the next (the reference code's way)."""
@@ -83,15 +84,14 @@ class PERunner:
         self.histogram: Histogram = TopQHistogram(config.q) if config.method == "wasp" else NearestNeighborHistogram()
         if config.is_reference:  # epsilon = inf (not_private: true): the votes carry no noise
             self.noise_multiplier = 0.0
-            self.mechanism = NoiselessMechanism(self.histogram.sensitivity)
+            self.mechanism = NoiselessHistogram(self.histogram.sensitivity)
             return
-        self.noise_multiplier = calibrate_noise_multiplier(config.epsilon, ledger.delta, config.iterations)
-        mech_cls = GaussianMechanism
+        self.noise_multiplier = calibrate_histogram_noise(config.epsilon, ledger.delta, config.iterations)
         if config.federated_parties > 1:
-            self.mechanism = FederatedGaussianMechanism(self.noise_multiplier, self.histogram.sensitivity,
+            self.mechanism = FederatedGaussianHistogram(self.noise_multiplier, self.histogram.sensitivity,
                                                         config.federated_parties)
         else:
-            self.mechanism = mech_cls(self.noise_multiplier, self.histogram.sensitivity)
+            self.mechanism = GaussianHistogram(self.noise_multiplier, self.histogram.sensitivity)
 
     # ----------------------------------------------------------------------------- helpers
     def _rounds(self) -> int:
@@ -104,10 +104,10 @@ class PERunner:
         base, extra = divmod(self.cfg.num_synthetic, self.cfg.iterations + 1)
         return base + (1 if rnd < extra else 0)
 
-    def _params(self, k: int, rnd: int) -> GenerationParams:
+    def _params(self, k: int, rnd: int) -> SamplingParams:
         p = self.cfg.plms[k]
-        return GenerationParams(self.cfg.max_new_tokens, p.temperature, p.top_p,
-                                seed=self.cfg.seed * 100_003 + p.seed * 1_009 + rnd * 31 + k)
+        return SamplingParams(max_new_tokens=self.cfg.max_new_tokens, temperature=p.temperature, top_p=p.top_p,
+                              seed=(self.cfg.seed * 100_003 + p.seed * 1_009 + rnd * 31 + k) % 2**62)
 
     def _assign(self, weights: np.ndarray, total: int) -> list[list[str]]:
         """Labels each PLM writes this round: classes evenly, PLMs by weight within a class."""
@@ -170,7 +170,7 @@ class PERunner:
         than the released sum's (which carries N(0, sigma^2): the ledger's event)."""
         from dpsynth_core.privacy import gaussian_epsilon
 
-        assert isinstance(self.mechanism, FederatedGaussianMechanism)
+        assert isinstance(self.mechanism, FederatedGaussianHistogram)
         party_nm = self.noise_multiplier / math.sqrt(self.mechanism.parties)
         delta, t = self.ledger.delta, self.cfg.iterations
         return {
@@ -188,7 +188,7 @@ class PERunner:
 
     def _record_privacy(self) -> None:
         """Check then record the T-fold Gaussian mechanism once, before the first vote."""
-        from dpsynth_core.privacy import GaussianEvent, PostProcessingEvent
+        from dpsynth_core.privacy import PostProcessingEvent
 
         from dpsynth_core.privacy.reference_runs import mark_reference_run
 
@@ -197,7 +197,7 @@ class PERunner:
             return  # epsilon = inf: no finite epsilon to record; the ledger says "not private"
         if any(e.stage == stage for e in self.ledger.entries()):
             return  # resumed run: already accounted (for all T iterations)
-        event = GaussianEvent(noise_multiplier=self.noise_multiplier, compositions=self.cfg.iterations)
+        event = self.mechanism.event(self.cfg.iterations)
         self.ledger.check(stage, event)
         self.ledger.record(stage, event, details={
             "sensitivity_l2": self.histogram.sensitivity, "sigma": self.mechanism.sigma,
@@ -227,7 +227,7 @@ class PERunner:
     def _noisy_vote(self, private: PrivateData, private_emb: np.ndarray, pop: Population, iteration: int) -> np.ndarray:
         synth_emb = self.embedding.encode(pop.texts)
         rng = self._noise_rng(iteration)
-        if isinstance(self.mechanism, FederatedGaussianMechanism):
+        if isinstance(self.mechanism, FederatedGaussianHistogram):
             parties = self._parties(private)
             partials = []
             for j in range(self.mechanism.parties):

@@ -136,6 +136,8 @@ class GeneratedRowsEO:
         """``rows`` rows from the current model: label distributions, groups per attribute, sampled labels."""
         from transformers import LogitsProcessorList
 
+        from dpsynth_core.engines import SamplingParams
+        from dpsynth_core.engines.hf_engine import HFEngine
         from dpsynth_core.tabular.constrained import ConstrainedRowProcessor
 
         ser = self.c.serializer
@@ -144,19 +146,16 @@ class GeneratedRowsEO:
         tokenizer.padding_side = "left"
         model.eval()
         try:
-            enc = tokenizer([ser.prompt(o) for o in orders], add_special_tokens=True, return_tensors="pt", padding=True)
-            device = next(model.parameters()).device
             proc = ConstrainedRowProcessor(self.c, orders, record_logits_for=[self.target])
+            params = SamplingParams(max_new_tokens=max(self.c.max_row_tokens(o) for o in orders),
+                                    temperature=1.0, top_p=1.0, seed=(self.seed * 100003 + step) % 2**63)
             # sampling from the DP model is post-processing: a public seed; the global RNG is left as it was
-            with torch.no_grad(), torch.random.fork_rng(devices=[]):
-                torch.manual_seed(self.seed * 100003 + step)
-                out = model.generate(input_ids=enc["input_ids"].to(device), attention_mask=enc["attention_mask"].to(device),
-                                     do_sample=True, max_new_tokens=max(self.c.max_row_tokens(o) for o in orders),
-                                     logits_processor=LogitsProcessorList([proc]), pad_token_id=tokenizer.pad_token_id)
+            with torch.random.fork_rng(devices=[]):
+                texts = HFEngine.from_loaded(model, tokenizer).generate_processed(
+                    [ser.prompt(o) for o in orders], params, LogitsProcessorList([proc]))
         finally:
             tokenizer.padding_side = side
             model.train(was_training)
-        texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
         probs, groups, labels = [], {a: [] for a in self.attributes}, []
         for text, state, order in zip(texts, proc.states, orders):
             logits = state.value_start_logits.get(self.target)

@@ -1,6 +1,7 @@
 """Fairness-aware constrained generation of table rows.
 
-Rows come out of ``model.generate`` under :class:`ConstrainedRowProcessor` (so every row parses).
+Rows come out of the HF engine (``engines.HFEngine.generate_processed``) under :class:`ConstrainedRowProcessor`
+(so every row parses), or of vLLM under the same rows' regex.
 A :class:`GapTracker` keeps running counts of the generated rows: the demographic-parity gap
 (max - min over groups of P(Y = pos | A = a)) and the equalized-odds gap of the generator's own
 implied classifier (y_hat = [p_theta(Y = pos | row so far) >= 0.5]; max over y of the spread over
@@ -184,14 +185,18 @@ def generate_rows(model, tokenizer, serializer: RowSerializer, settings: Generat
     vLLM generates under the schema's row regex, an HF engine runs the logits processor below.
     ``strata``: each row's values of the quota's categorical columns are fixed by it (HF engine only).
     """
-    from dpsynth_core.engines import TextEngine
+    from dpsynth_core.engines import SamplingParams, TextEngine
+    from dpsynth_core.engines.hf_engine import HFEngine
 
     if isinstance(model, TextEngine):
         if model.backend == "vllm":
             if settings.fairness.enabled or strata is not None:
                 raise ConfigError("fairness-aware or stratified generation needs the hf engine (see open_row_generator)")
             return _generate_rows_structured(model, serializer, settings)
-        model, tokenizer = model.model, model.tokenizer
+        engine = model
+    else:
+        engine = HFEngine.from_loaded(model, tokenizer, batch_size=settings.batch_size)
+    tokenizer = engine.tokenizer
     schema = serializer.schema
     fs = settings.fairness
     attributes = fs.attributes(schema.sensitive)
@@ -219,26 +224,21 @@ def generate_rows(model, tokenizer, serializer: RowSerializer, settings: Generat
         from tqdm.auto import tqdm
 
         bar = tqdm(total=settings.num_rows, desc="generate rows", unit="row")
-    model.eval()
+    engine.model.eval()
     batch_no = 0
     while len(rows) < settings.num_rows and attempted < max_attempts:
         bs = min(settings.batch_size, max_attempts - attempted)
         orders = [serializer.order_for_row() for _ in range(bs)]
-        enc = tokenizer([serializer.prompt(o) for o in orders], add_special_tokens=True, return_tensors="pt", padding=True)
         fixed = [strata.next() for _ in orders] if strata is not None else None
         proc = ConstrainedRowProcessor(constraint, orders, record_logits_for=[schema.target] if schema.target else [],
                                        fixed=fixed)
-        torch.manual_seed(settings.seed * 100003 + batch_no)
+        params = SamplingParams(max_new_tokens=max(constraint.max_row_tokens(o) for o in orders),
+                                temperature=settings.temperature, top_p=settings.top_p,
+                                seed=(settings.seed * 100003 + batch_no) % 2**63)  # a config seed may be < 0
         batch_no += 1
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=enc["input_ids"].to(model.device), attention_mask=enc["attention_mask"].to(model.device),
-                do_sample=True, temperature=settings.temperature, top_p=settings.top_p,
-                max_new_tokens=max(constraint.max_row_tokens(o) for o in orders),
-                logits_processor=LogitsProcessorList([proc] + ([tilt_processor(tilts, proc)] if tilts else [])),
-                pad_token_id=tokenizer.pad_token_id,
-            )
-        texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        texts = engine.generate_processed(
+            [serializer.prompt(o) for o in orders], params,
+            LogitsProcessorList([proc] + ([tilt_processor(tilts, proc)] if tilts else [])))
         for text, state in zip(texts, proc.states):
             attempted += 1
             try:
