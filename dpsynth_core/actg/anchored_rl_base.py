@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from dpsynth_core.config.placement import Dtype
 from dpsynth_core.config import BATCH_CAP, NEW_TOKENS_CAP, SEQ_LEN_CAP, STEPS_CAP, StrictConfig, cap
 
 RewardFn = Callable[[list[str], list[dict]], list[float]]
@@ -68,7 +69,7 @@ class AnchoredRLConfig(StrictConfig):
     use_accelerate: bool = False  # engine "torch" on GPU clusters: DeepSpeed ZeRO-3 via accelerate (unmeasured here)
     # where the policy trains (dpsynth_core.config.placement); LoRA weights stay fp32 under a bf16 base
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["auto", "bf16", "fp32"] = "auto"
+    dtype: Dtype = "auto"
 
     def placement(self):
         from dpsynth_core.config.placement import resolve_placement
