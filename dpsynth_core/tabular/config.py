@@ -303,7 +303,8 @@ class FairnessSettings(StrictConfig):
 
 
 class TablePrivacy(StrictConfig):
-    epsilon: float = Field(..., gt=0)
+    # finite: an epsilon = inf reference run needs noiseless domain, marginal and DP-SGD paths, not built yet
+    epsilon: float = Field(..., gt=0, allow_inf_nan=False)
     delta: float | None = Field(None, gt=0, lt=1)  # default min(1e-5, m^-1.1), m = the expected private rows
 
 
