@@ -95,7 +95,7 @@ def one_seed(cfg, schema, seed: int, train_rows: int, release_rows: int, grid: l
 
 def main() -> None:
     from dpsynth_core.tabular.config import load_dpfair_config
-    from dpsynth_core.tabular.pipeline import sensitive_column
+    from dpsynth_core.tabular.run_schema import sensitive_column
     from dpsynth_core.tabular.schema import load_schema
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -9,7 +9,7 @@ run and each variant (``name:field=value,field=value`` over ``CalibrationSetting
 ``drop_sensitive_pairs=true``: the run's DP (column, A) tables left out of the release it reads;
 ``rate_mix=m``: ``generation.fairness.rate_mix`` (target rates (1 - m) x P(Y = pos) + m x P(Y = pos | A = a)
 from the run's DP fairness statistics, 0 = parity); ``rates=Female/0.18;Male/0.14``: those target rates per group), this
-re-applies the pipeline's own calibration (``tabular.pipeline._calibrate``) to that pool and the run's
+re-applies the pipeline's own calibration (``tabular.stages_model._calibrate``) to that pool and the run's
 ``dp_marginals.json``, then evaluates the released rows as the run's ``evaluate`` stage does (TSTR on the
 real test rows, 1- and 2-way TVD against the working set; no DCR/MIA). A variant of calibration settings
 measures what a run with them would release from the same pool. ``drop_sensitive_pairs`` is only a
@@ -48,17 +48,17 @@ def parse_variant(text: str) -> tuple[str, dict]:
 
 def recalibrate(run: Path, fields: dict) -> dict:
     from dpsynth_core.privacy.ledger import LEDGER_FILE
-    from dpsynth_core.tabular import pipeline, private_data
+    from dpsynth_core.tabular import private_data, run_schema, stages_dp, stages_model
     from dpsynth_core.tabular.config import load_dpfair_config
     from dpsynth_core.tabular.evaluate import evaluate_table, summary_row
 
     cfg = load_dpfair_config(run / "config.yaml")
-    schema = pipeline.reported_schema(cfg, pipeline.resolved_schema(run))
-    pool_file = run / pipeline.POOL_FILE
+    schema = run_schema.reported_schema(cfg, run_schema.resolved_schema(run))
+    pool_file = run / stages_model.POOL_FILE
     if not pool_file.is_file():
-        raise SystemExit(f"{run}: no {pipeline.POOL_FILE} (a run with generation.calibrate, from this version on)")
+        raise SystemExit(f"{run}: no {stages_model.POOL_FILE} (a run with generation.calibrate, from this version on)")
     pool = schema.validate_frame(pd.read_csv(pool_file, keep_default_na=False), pool_file.name)
-    marginals = json.loads((run / pipeline.MARGINALS_FILE).read_text())
+    marginals = json.loads((run / stages_dp.MARGINALS_FILE).read_text())
     fields = dict(fields)
     if fields.pop("drop_sensitive_pairs", False):
         sensitive = set(schema.sensitive)
@@ -77,14 +77,14 @@ def recalibrate(run: Path, fields: dict) -> dict:
     cal = g.calibrate.model_copy(update=fields)
     cfg = cfg.model_copy(update={"generation": g.model_copy(update={"calibrate": cal, "fairness": fair})})
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / pipeline.MARGINALS_FILE).write_text(json.dumps(marginals))
+        (Path(tmp) / stages_dp.MARGINALS_FILE).write_text(json.dumps(marginals))
         for name in ("fair_targets.json", "schema_resolved.json", LEDGER_FILE):  # rate_mix: the DP (A, Y) tables, their noise
             if (run / name).is_file():
                 (Path(tmp) / name).write_bytes((run / name).read_bytes())
-        released = pipeline._calibrate(cfg, Path(tmp), schema, pool).frame
+        released = stages_model._calibrate(cfg, Path(tmp), schema, pool).frame
     private = private_data.load_private(cfg, run, schema)
     report = evaluate_table(released, private, private_data.load_test(cfg), schema, privacy=False)
-    return summary_row(report, pipeline.sensitive_column(cfg, schema))
+    return summary_row(report, run_schema.sensitive_column(cfg, schema))
 
 
 def main() -> None:

@@ -70,14 +70,18 @@ def serve_best_of_n(app: str, request: dict) -> list:
     return GenerationClient(app).best_of_n(**request)
 
 
-def main(config_path: Path, resume: bool = True) -> Path:
-    """Run (or resume) the ACTG pipeline of ``config_path`` on Ray; return the run directory."""
+def run_on_ray(cfg: ActgConfig, resume: bool = True) -> Path:
+    """Run (or resume) an ACTG config on Ray, each stage a task; return the run directory."""
     for k, v in OFFLINE_ENV.items():
         os.environ.setdefault(k, v)
-    cfg = load_actg_config(config_path)
     run_dir = require_durable_run_dir(cfg.resolved_run_dir())  # a submitted job must write to shared storage
     with synced_run(run_dir, resume=resume), ray_session():  # s3:// / gs://: a mirror synced per stage
         return run_pipeline(cfg, resume=resume, runner=ray_runner, serve_best_of_n=serve_best_of_n)
+
+
+def main(config_path: Path, resume: bool = True) -> Path:
+    """Run (or resume) the ACTG pipeline of ``config_path`` on Ray; return the run directory."""
+    return run_on_ray(load_actg_config(config_path), resume=resume)
 
 
 def summary(run_dir: Path) -> str:

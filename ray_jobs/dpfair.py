@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dpsynth_core.runs.contract import local_runner
 from dpsynth_core.runs.storage_sync import synced_run
 from dpsynth_core.tabular.config import DpFairConfig, load_dpfair_config
-from dpsynth_core.tabular.pipeline import local_runner, run_dpfair
+from dpsynth_core.tabular.pipeline import run_dpfair
 from dpsynth_core.tabular.run_schema import public_schema
 from ray_jobs.cluster import OFFLINE_ENV, ensure_ray, run_stage_task, stage_in_run_dir, stage_options
 
@@ -30,7 +31,8 @@ def model_stage_resources(cfg: DpFairConfig):
 
 
 def ray_runner(fn, cfg: DpFairConfig, root: str) -> dict:
-    """Run ``fn(cfg, root)`` as a Ray task with the config's resources; return its summary."""
+    """Run ``fn(cfg, root)`` (the model stage: train + generate) as a Ray task with the config's
+    resources; return its summary. The light stages run in the driver (``Stage.in_driver``)."""
     import ray
 
     opts = stage_options(model_stage_resources(cfg), "model")
@@ -41,7 +43,11 @@ def ray_runner(fn, cfg: DpFairConfig, root: str) -> dict:
 
 def main(config_path: Path, resume: bool = True) -> Path:
     """Run (or resume) the DPFairLLM pipeline of ``config_path``; return the run directory."""
-    cfg = load_dpfair_config(config_path)
+    return run_on_ray(load_dpfair_config(config_path), resume=resume)
+
+
+def run_on_ray(cfg: DpFairConfig, resume: bool = True) -> Path:
+    """Run (or resume) a DPFairLLM config, its model stage a Ray task (``use_ray: false``: in this process)."""
     with synced_run(cfg.run_dir(), resume=resume):  # s3:// / gs://: a local mirror synced per stage
         if not cfg.use_ray:
             return run_dpfair(cfg, resume=resume, runner=local_runner)

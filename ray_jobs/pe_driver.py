@@ -18,7 +18,8 @@ from pathlib import Path
 
 from dpsynth_core.pe.callbacks import Callback
 from dpsynth_core.pe.checkpoint import RunState
-from dpsynth_core.pe.pipeline import load_pe_config, run_pipeline
+from dpsynth_core.pe.config import PEConfig
+from dpsynth_core.pe.pipeline import load_pe_config, run_pe_method
 from dpsynth_core.runs.files import atomic_write_text
 from dpsynth_core.runs.storage import require_durable_run_dir
 from dpsynth_core.runs.storage_sync import RunMirror, synced_run
@@ -57,9 +58,13 @@ def record_ran_on(run_dir: Path, plms: list[dict]) -> None:
 def run_pe(config_path: Path, method: str, resume: bool = True, llm_factory=make_llms,
            callbacks: Sequence[Callback] = ()) -> Path:
     """Run (or resume) ``method`` from ``config_path``; returns the run directory."""
+    return run_on_ray(load_pe_config(config_path, method), resume, llm_factory, callbacks)
+
+
+def run_on_ray(cfg: PEConfig, resume: bool = True, llm_factory=make_llms, callbacks: Sequence[Callback] = ()) -> Path:
+    """Run (or resume) a WASP / Aug-PE config, its PLMs placed by ``llm_factory``; returns the run directory."""
     import ray
 
-    cfg = load_pe_config(config_path, method)
     # a submitted job must write to shared storage, not to its temporary working directory
     run_dir = require_durable_run_dir(cfg.run_dir)
     placed: list[dict] = []
@@ -73,7 +78,7 @@ def run_pe(config_path: Path, method: str, resume: bool = True, llm_factory=make
     try:
         with synced_run(run_dir, resume=resume) as mirror:
             cbs = [*callbacks, *([PushEachIteration(mirror)] if mirror else [])]
-            out = run_pipeline(config_path, method, factory, resume=resume, callbacks=cbs)
+            out = run_pe_method(cfg, factory, resume=resume, callbacks=cbs)
             record_ran_on(out, placed)
         return out
     finally:

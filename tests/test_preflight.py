@@ -73,14 +73,14 @@ def _pe_config(tmp_path: Path, **extra) -> Path:
 def test_wasp_delta_out_of_range_named_at_config_load(tmp_path, delta):
     from dpsynth_core.pe.pipeline import load_pe_config
 
-    with pytest.raises(ConfigError, match=r"field 'delta': must be in \(0, 1\)"):
+    with pytest.raises(ConfigError, match=r"field 'privacy.delta': must be in \(0, 1\)"):
         load_pe_config(_pe_config(tmp_path, delta=delta), "wasp")
 
 
 def test_dpfair_delta_one_named_at_config_load(tmp_path):
     from dpsynth_core.tabular.config import load_dpfair_config
 
-    with pytest.raises(ConfigError, match=r"field 'delta'"):
+    with pytest.raises(ConfigError, match=r"field 'privacy.delta'"):
         load_dpfair_config(write_yaml(tmp_path / "d.yaml", {"epsilon": 1.0, "delta": 1.0}))
 
 

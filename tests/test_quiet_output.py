@@ -63,7 +63,7 @@ def test_pipeline_run_is_quiet_and_ends_with_a_summary(tmp_path, biorxiv_csv):
 def test_summary_says_what_was_resumed_and_skipped(tmp_path):
     from dpsynth_core.privacy import PrivacyLedger
     from dpsynth_core.privacy.events import GaussianEvent
-    from dpsynth.cli.run_summary import summary_lines
+    from dpsynth_core.run_loop.summary import summary_lines
 
     ledger = PrivacyLedger.create(tmp_path, "toy", epsilon_budget=4.0, delta=1e-6)
     ledger.record("features", GaussianEvent(noise_multiplier=2.0))

@@ -70,7 +70,7 @@ def test_pe_finished_run_says_so_and_a_changed_config_is_refused(tmp_path, capsy
     StageMarkers(root).mark("wasp")
     assert run_pipeline(path, "wasp", _no_stage) == root  # make_llms is never called
     assert "already finished" in capsys.readouterr().err
-    with pytest.raises(ConfigError, match=r"changed: epsilon\).*--fresh"):
+    with pytest.raises(ConfigError, match=r"changed: privacy\.epsilon\).*--fresh"):
         run_pipeline(_pe_config(tmp_path, epsilon=1.0), "wasp", _no_stage)
 
 

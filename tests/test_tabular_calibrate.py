@@ -171,7 +171,7 @@ def test_shortfall_is_the_share_of_the_release_the_pool_cannot_supply():
 
 
 def test_a_run_warns_when_its_pool_cannot_supply_a_margin(caplog):
-    from dpsynth_core.tabular.pipeline import warn_on_shortfall
+    from dpsynth_core.tabular.stages_model import warn_on_shortfall
 
     pool = _skewed_pool(n=1000, seed=3)
     pool = pd.concat([pool[pool["sex"] == "M"], pool[pool["sex"] == "F"].head(30)], ignore_index=True)

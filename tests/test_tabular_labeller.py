@@ -104,12 +104,12 @@ def test_label_cut_raked_takes_each_groups_rate_on_the_raked_pool(tmp_path, monk
     """calibrate.label_cut: raked — the pool (uniform ages, job independent of sex) is far from the DP
     feature tables (few old people, who score high; men mostly executives): each sex's cut is taken where
     the pool raked to those tables reaches the DP rate (0.25), not where the pool's own rows do."""
-    from dpsynth_core.tabular import calibrate, pipeline
+    from dpsynth_core.tabular import calibrate, stages_dp, stages_model
     from dpsynth_core.tabular.config import DpFairConfig
 
     release = json.loads(json.dumps(DP))
     release["pairs"]["job|sex"] = {"columns": ["job", "sex"], "counts": [290.0, 410.0, 40.0, 260.0]}  # (clerk, exec) x (F, M)
-    (tmp_path / pipeline.MARGINALS_FILE).write_text(json.dumps(release))
+    (tmp_path / stages_dp.MARGINALS_FILE).write_text(json.dumps(release))
     pool = _rows(900, seed=3)
     features = calibrate.margins_from_dp(release, SCHEMA)[:3] + calibrate.pair_margins_from_dp(release, SCHEMA, skip=("sex",))[2:]
     assert [m.name for m in features] == ["age", "job", "sex", "job|sex"]
@@ -129,7 +129,7 @@ def test_label_cut_raked_takes_each_groups_rate_on_the_raked_pool(tmp_path, monk
                 "num_rows": 200, "fairness": {"enabled": True, "sensitive": "sex"},
                 "calibrate": {"enabled": True, "pairs_with_target": True, "pairs_with_sensitive": True,
                               "labels": "dp_tables", "label_cut": cut}}})
-        pipeline._calibrate(cfg, tmp_path, SCHEMA, pool)
+        stages_model._calibrate(cfg, tmp_path, SCHEMA, pool)
     men = pool["sex"].eq("M").to_numpy()
     assert relabelled["raked"][men].sum() > relabelled["pool"][men].sum() + 50  # 192 vs 107 of 447 men: down-weighted old rows
     for group in (men, ~men):
@@ -177,26 +177,26 @@ def test_labels_from_dp_tables_need_the_pair_release():
 
 
 def test_the_pipeline_relabels_the_pool_before_raking_and_selection(tmp_path, monkeypatch):
-    """pipeline._calibrate with labels: dp_tables — the released rows' labels follow the DP tables at
+    """stages_model._calibrate with labels: dp_tables — the released rows' labels follow the DP tables at
     parity, the generator's labels (pure noise here) are gone; with 'generator' they are kept."""
-    from dpsynth_core.tabular import pipeline
+    from dpsynth_core.tabular import stages_dp, stages_model
     from dpsynth_core.tabular.config import DpFairConfig
 
-    (tmp_path / pipeline.MARGINALS_FILE).write_text(json.dumps(DP))
+    (tmp_path / stages_dp.MARGINALS_FILE).write_text(json.dumps(DP))
     pool = _rows(900, seed=1)
     base = {"name": "t", "output_dir": str(tmp_path), "epsilon": 1.0, "budget": {"marginals": 0.2},
             "fairness": {"sensitive": "sex"}}
     gen = {"num_rows": 200, "fairness": {"enabled": True, "sensitive": "sex"},
            "calibrate": {"enabled": True, "pairs_with_target": True, "labels": "dp_tables"}}
     cfg = DpFairConfig.model_validate({**base, "generation": gen})
-    released = pipeline._calibrate(cfg, tmp_path, SCHEMA, pool).frame
+    released = stages_model._calibrate(cfg, tmp_path, SCHEMA, pool).frame
     assert len(released) == 200
     rich = released["income"] == ">50K"
     assert released.loc[rich, "age"].mean() > released.loc[~rich, "age"].mean() + 10
     rates = released.groupby("sex")["income"].apply(lambda s: (s == ">50K").mean())
     assert abs(rates["M"] - rates["F"]) < 0.08
     kept = DpFairConfig.model_validate({**base, "generation": {**gen, "calibrate": {**gen["calibrate"], "labels": "generator"}}})
-    plain = pipeline._calibrate(kept, tmp_path, SCHEMA, pool).frame
+    plain = stages_model._calibrate(kept, tmp_path, SCHEMA, pool).frame
     rich = plain["income"] == ">50K"
     assert abs(plain.loc[rich, "age"].mean() - plain.loc[~rich, "age"].mean()) < 8  # the pool's labels: no signal
 
@@ -205,10 +205,10 @@ def test_label_prior_is_counted_in_the_marginals_noise_sd_the_ledger_recorded(tm
     """calibrate.label_prior: k pseudo-rows per cell in units of the dp_marginals release's noise sd, read
     from the run's ledger; a ledger without that release is a clear error, not a silent 0."""
     from dpsynth_core.privacy import GaussianEvent, PrivacyLedger
-    from dpsynth_core.tabular import labeller, pipeline
+    from dpsynth_core.tabular import labeller, stages_dp, stages_model
     from dpsynth_core.tabular.config import DpFairConfig
 
-    (tmp_path / pipeline.MARGINALS_FILE).write_text(json.dumps(DP))
+    (tmp_path / stages_dp.MARGINALS_FILE).write_text(json.dumps(DP))
     base = {"name": "t", "output_dir": str(tmp_path), "epsilon": 1.0, "budget": {"marginals": 0.2},
             "fairness": {"sensitive": "sex"},
             "generation": {"num_rows": 100, "fairness": {"enabled": True, "sensitive": "sex"},
@@ -220,9 +220,9 @@ def test_label_prior_is_counted_in_the_marginals_noise_sd_the_ledger_recorded(tm
     monkeypatch.setattr(labeller, "naive_bayes_log_odds", lambda *a, **k: seen.append(a[-1]) or real(*a, **k))
     ledger = PrivacyLedger.create(tmp_path, "toy", 1.0, 1e-5)
     with pytest.raises(ConfigError, match="no noise scale for stage 'dp_marginals'"):
-        pipeline._calibrate(cfg, tmp_path, SCHEMA, _rows(300))
+        stages_model._calibrate(cfg, tmp_path, SCHEMA, _rows(300))
     ledger.record("dp_marginals", GaussianEvent(noise_multiplier=20.0, compositions=4), details={"sigma": 20.0})
-    pipeline._calibrate(cfg, tmp_path, SCHEMA, _rows(300))
+    stages_model._calibrate(cfg, tmp_path, SCHEMA, _rows(300))
     assert seen == [40.0]
 
 
@@ -230,12 +230,12 @@ def test_pairs_with_sensitive_keep_the_proxy_tie_with_labels_at_parity(tmp_path)
     """calibrate.pairs_with_sensitive: the pool (job independent of sex, as a few DP-SGD steps write it) is
     raked to the DP (job, sex) table, so the released men are mostly executives as in the data, while the
     labels ranked within each sex stay at parity; without that table the tie is not there."""
-    from dpsynth_core.tabular import pipeline
+    from dpsynth_core.tabular import stages_dp, stages_model
     from dpsynth_core.tabular.config import DpFairConfig
 
     release = json.loads(json.dumps(DP))
     release["pairs"]["job|sex"] = {"columns": ["job", "sex"], "counts": [290.0, 410.0, 40.0, 260.0]}  # (clerk, exec) x (F, M)
-    (tmp_path / pipeline.MARGINALS_FILE).write_text(json.dumps(release))
+    (tmp_path / stages_dp.MARGINALS_FILE).write_text(json.dumps(release))
     pool = _rows(900, seed=2)
     cal = {"enabled": True, "pairs_with_target": True, "pairs_with_sensitive": True, "labels": "dp_tables"}
     base = {"name": "t", "output_dir": str(tmp_path), "epsilon": 1.0, "budget": {"marginals": 0.2},
@@ -247,12 +247,12 @@ def test_pairs_with_sensitive_keep_the_proxy_tie_with_labels_at_parity(tmp_path)
         return share["M"] - share["F"]
 
     data_gap = 260 / 670 - 40 / 330  # 0.27
-    released = pipeline._calibrate(DpFairConfig.model_validate(base), tmp_path, SCHEMA, pool).frame
+    released = stages_model._calibrate(DpFairConfig.model_validate(base), tmp_path, SCHEMA, pool).frame
     rates = released.groupby("sex")["income"].apply(lambda s: (s == ">50K").mean())
     assert abs(rates["M"] - rates["F"]) < 0.08
     release["pairs"].pop("job|sex")
-    (tmp_path / pipeline.MARGINALS_FILE).write_text(json.dumps(release))
-    plain = pipeline._calibrate(DpFairConfig.model_validate(base), tmp_path, SCHEMA, pool).frame
+    (tmp_path / stages_dp.MARGINALS_FILE).write_text(json.dumps(release))
+    plain = stages_model._calibrate(DpFairConfig.model_validate(base), tmp_path, SCHEMA, pool).frame
     # measured: 0.21 with the table, 0.11 without (the (job, income) tables and parity alone tie them a little)
     assert abs(exec_share_gap(released) - data_gap) < 0.1
     assert abs(exec_share_gap(released) - data_gap) < abs(exec_share_gap(plain) - data_gap) - 0.05

@@ -255,12 +255,12 @@ def test_pipeline_ledger_composes_within_epsilon(finished_run):
 
 
 def test_marginals_stage_releases_the_pairs_the_config_asks_in_one_entry(finished_run, tmp_path):
-    """calibrate.pairs_with_target + pairs_with_sensitive through pipeline.stage_marginals (on a copy of the
+    """calibrate.pairs_with_target + pairs_with_sensitive through stages_dp.stage_marginals (on a copy of the
     finished run's working set, a fresh ledger): (column, income) for the 6 other columns and (column, sex)
     for the 5 others but income, 7 + 11 compositions of one charged event."""
     import shutil
 
-    from dpsynth_core.tabular import pipeline
+    from dpsynth_core.tabular import stages_dp, stages_model
     from dpsynth_core.tabular.config import load_dpfair_config
 
     run, path, _ = finished_run
@@ -270,9 +270,9 @@ def test_marginals_stage_releases_the_pairs_the_config_asks_in_one_entry(finishe
     cal = cfg.generation.calibrate.model_copy(update={"pairs_with_target": True, "pairs_with_sensitive": True})
     cfg = cfg.model_copy(update={"generation": cfg.generation.model_copy(update={"calibrate": cal})})
     ledger = PrivacyLedger.create(copy, "t", 3.0, PrivacyLedger.open(run).delta)
-    summary = pipeline.stage_marginals(cfg, str(copy))
+    summary = stages_dp.stage_marginals(cfg, str(copy))
     assert summary["pairs_with"] == ["income", "sex"]
-    pairs = json.loads((copy / pipeline.MARGINALS_FILE).read_text())["pairs"]
+    pairs = json.loads((copy / stages_dp.MARGINALS_FILE).read_text())["pairs"]
     assert sorted(n for n in pairs if n.endswith("|sex")) == [
         "age|sex", "capital_loss|sex", "education|sex", "hours_per_week|sex", "race|sex"]
     assert len([n for n in pairs if n.endswith("|income")]) == 6
@@ -324,7 +324,7 @@ def test_ray_task_gets_config_and_paths_only(finished_run):
 def test_no_copy_of_the_private_table(finished_run):
     """No file in the run directory holds a run of consecutive private training rows (as CSV lines)."""
     from dpsynth_core.tabular.config import load_dpfair_config
-    from dpsynth_core.tabular.pipeline import resolved_schema
+    from dpsynth_core.tabular.run_schema import resolved_schema
     from dpsynth_core.tabular.private_data import load_private
 
     run, path, _ = finished_run
@@ -362,8 +362,9 @@ def test_rerun_finished_or_changed_config(finished_run, capsys):
     assert "already finished" in capsys.readouterr().err
     assert run_dpfair(cfg.model_copy(update={"use_ray": False}), runner=refuse) == run  # execution-only key
     assert {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()} == before
-    changed = cfg.model_copy(update={"epsilon": 1.0, "data": cfg.data.model_copy(update={"train_rows": 150})})
-    with pytest.raises(ConfigError, match=r"changed: data\.train_rows, epsilon\).*--fresh"):
+    changed = cfg.model_copy(update={"privacy": cfg.privacy.model_copy(update={"epsilon": 1.0}),
+                                     "data": cfg.data.model_copy(update={"train_rows": 150})})
+    with pytest.raises(ConfigError, match=r"changed: data\.train_rows, privacy\.epsilon\).*--fresh"):
         run_dpfair(changed, runner=refuse)
     assert "epsilon: 3.0" in (run / "config.yaml").read_text()
     assert len(PrivacyLedger.open(run).entries()) == n_entries
@@ -379,7 +380,7 @@ def test_rerun_finished_or_changed_config(finished_run, capsys):
         ({"fairness": {"lambda_dp": {"race": 1.0}}}, "fairness.lambda_dp"),  # default attribute: sex only
         ({"epsilon": -1}, "epsilon"),
         ({"baseline": {"aim": True}}, "dpsynth run aim"),
-        ({"delta": 0.01}, "field 'delta'"),  # not below 1/m for m = 160 expected private rows
+        ({"delta": 0.01}, "field 'privacy.delta'"),  # not below 1/m for m = 160 expected private rows
         ({"budget": {"marginals": 0.1}, "training": {"model": "tiny-llama"}, "generation": {"num_rows": 16}},
          "budget.marginals is only spent"),
         ({"budget": {"domain": 0.05}, "training": {"model": "tiny-llama", "public_stage": {
@@ -442,17 +443,17 @@ def test_bad_schema_file_through_the_cli(tmp_path, monkeypatch, capsys):
 def test_stratified_pool_quota_is_the_dp_marginal_of_the_column(finished_run):
     """calibrate.stratify: the quota generation fixes values by is the column's DP 1-way marginal (noisy
     counts clamped at 0), read from the run's dp_marginals.json: post-processing, nothing new charged."""
-    from dpsynth_core.tabular import pipeline
+    from dpsynth_core.tabular import stages_dp, stages_model
     from dpsynth_core.tabular.config import load_dpfair_config
 
     run, path, _ = finished_run
     cfg = load_dpfair_config(path)
-    assert pipeline._strata(cfg, run) is None  # off by default
+    assert stages_model._strata(cfg, run) is None  # off by default
     cal = cfg.generation.calibrate.model_copy(update={"stratify": "sex"})
     cfg = cfg.model_copy(update={"generation": cfg.generation.model_copy(update={"calibrate": cal})})
     entries = len(PrivacyLedger.open(run).entries())
-    quota = pipeline._strata(cfg, run)
-    dp = json.loads((run / pipeline.MARGINALS_FILE).read_text())["sex"]
+    quota = stages_model._strata(cfg, run)
+    dp = json.loads((run / stages_dp.MARGINALS_FILE).read_text())["sex"]
     counts = np.maximum(np.asarray(dp["counts"], float), 0)
     assert quota.columns == ("sex",)
     assert quota.shares == pytest.approx(dict(zip([(str(v),) for v in dp["values"]], counts / counts.sum())))
@@ -468,14 +469,14 @@ def test_rate_mix_targets_pool_every_dp_release_of_the_group_label_table(tmp_pat
     settings are the config's."""
     import shutil
 
-    from dpsynth_core.tabular import pipeline
+    from dpsynth_core.tabular import stages_dp, stages_model
     from dpsynth_core.tabular.config import load_dpfair_config
 
     finished, path, _ = finished_run
     run = tmp_path / "run"
     shutil.copytree(finished, run)
     cfg = load_dpfair_config(path)
-    assert pipeline._generation_settings(cfg, run) is cfg.generation
+    assert stages_model._generation_settings(cfg, run) is cfg.generation
     fair = cfg.generation.fairness.model_copy(update={"rate_mix": 0.5})
     cfg = cfg.model_copy(update={"generation": cfg.generation.model_copy(update={"fairness": fair})})
     sigma = {e.stage: e.details["sigma"] for e in PrivacyLedger.open(run).entries() if "sigma" in e.details}
@@ -492,7 +493,7 @@ def test_rate_mix_targets_pool_every_dp_release_of_the_group_label_table(tmp_pat
         (run / "dp_marginals.json").write_text(json.dumps(marginals))
 
     def resolved():
-        return pipeline._generation_settings(cfg, run).fairness.targets_for("sex", ["sex"])
+        return stages_model._generation_settings(cfg, run).fairness.targets_for("sex", ["sex"])
 
     entries = len(PrivacyLedger.open(run).entries())
     table = np.array([[90.0, 10.0], [60.0, 40.0]])  # P(>50K | A): 0.1, 0.4; P(>50K) = 0.25
@@ -509,7 +510,7 @@ def test_rate_mix_targets_pool_every_dp_release_of_the_group_label_table(tmp_pat
     expect = {a: (overall + cells[i, 1] / cells[i].sum()) / 2 for i, a in enumerate(groups)}
     assert resolved() == pytest.approx(expect)
     assert (0.25 + 0.1) / 2 < expect["Female"] < (0.35 + 0.3) / 2  # between the two answers
-    assert pipeline._generation_settings(cfg, run).fairness.rate_mix == 0.0  # resolved once: the stages read the rates
+    assert stages_model._generation_settings(cfg, run).fairness.rate_mix == 0.0  # resolved once: the stages read the rates
     assert len(PrivacyLedger.open(run).entries()) == entries
 
     targets = json.loads((run / "fair_targets.json").read_text())  # written before counts were kept
@@ -524,7 +525,7 @@ def test_two_column_strata_come_from_the_released_2way_table(tmp_path, finished_
     (named in the config's order whichever way the table is stored); a run whose marginals lack the
     table is refused rather than stratified by something else."""
     from dpsynth_core.errors import ConfigError
-    from dpsynth_core.tabular import pipeline
+    from dpsynth_core.tabular import stages_dp, stages_model
     from dpsynth_core.tabular.config import load_dpfair_config
 
     _, path, _ = finished_run
@@ -536,14 +537,14 @@ def test_two_column_strata_come_from_the_released_2way_table(tmp_path, finished_
     marginals = {"race": {"kind": "categorical", "values": races, "counts": counts.sum(1).tolist()},
                  "sex": {"kind": "categorical", "values": sexes, "counts": counts.sum(0).tolist()},
                  "pairs": {"race|sex": {"columns": ["race", "sex"], "counts": counts.ravel().tolist()}}}
-    (tmp_path / pipeline.MARGINALS_FILE).write_text(json.dumps(marginals))
-    quota = pipeline._strata(cfg, tmp_path)
+    (tmp_path / stages_dp.MARGINALS_FILE).write_text(json.dumps(marginals))
+    quota = stages_model._strata(cfg, tmp_path)
     assert quota.columns == ("sex", "race")
     positive = np.maximum(counts, 0)
     assert quota.shares == pytest.approx({(s, r): positive[i, j] / positive.sum()
                                           for i, r in enumerate(races) for j, s in enumerate(sexes)})
     assert quota.next() == {"sex": "Male", "race": "Other"}  # the largest cell first
     del marginals["pairs"]
-    (tmp_path / pipeline.MARGINALS_FILE).write_text(json.dumps(marginals))
+    (tmp_path / stages_dp.MARGINALS_FILE).write_text(json.dumps(marginals))
     with pytest.raises(ConfigError, match="no 2-way table"):
-        pipeline._strata(cfg, tmp_path)
+        stages_model._strata(cfg, tmp_path)

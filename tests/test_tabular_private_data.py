@@ -69,7 +69,7 @@ def test_delta_must_be_below_one_over_m(tmp_path, adult_csv):
     schema = load_schema(ADULT_SCHEMA).select(COLUMNS)
     _, delta = private_data.preflight(_cfg(tmp_path, adult_csv), schema)
     assert delta == min(1e-5, 100 ** -1.1)  # the default for m = train_rows = 100
-    with pytest.raises(ConfigError, match="field 'delta'") as err:
+    with pytest.raises(ConfigError, match="field 'privacy.delta'") as err:
         private_data.preflight(_cfg(tmp_path, adult_csv, delta=0.02), schema)
     assert "400" not in str(err.value) and "100" not in str(err.value)  # no size in the message
 
@@ -124,7 +124,8 @@ def test_value_outside_the_dp_category_list_is_handled_after_the_spend(tmp_path,
     """Issue 12 minor: education has 16 values in Adult, the DP candidates only 3. The old pipeline
     raised DataError in `validate_frame` right after `estimate_domain` had spent its budget; now the
     values map to "Other" (default) or their rows are dropped, and the run goes on."""
-    from dpsynth_core.tabular.pipeline import resolved_schema, stage_prepare
+    from dpsynth_core.tabular.run_schema import resolved_schema
+    from dpsynth_core.tabular.stages_dp import stage_prepare
 
     cfg = _cfg(tmp_path, adult_csv, schema_path=str(_dp_category_schema(tmp_path, unknown)),
                columns=["age", "education", "sex", "income"], data={"source": str(adult_csv), "seed": 0})

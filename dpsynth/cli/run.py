@@ -1,14 +1,13 @@
-"""`dpsynth run actg|wasp|augpe|dpfair|aim --config FILE`.
+"""`dpsynth run actg|wasp|augpe|dpfair|aim --config FILE`: a thin layer over the Python API.
 
-Each pipeline's driver lives in ``ray_jobs/<name>.py`` and exposes
-``main(config_path: Path, resume: bool = True) -> Path`` returning the run directory. The AIM
-baseline needs no Ray: its runner is ``dpsynth_core.tabular.aim_run``.
+The pre-flight of the method (config and whole private file, nothing written), then
+``METHODS[name].from_yaml(FILE).run(cluster="auto")`` (``dpsynth.api``): the method's Ray driver
+(``ray_jobs/<name>.py``) on the run loop; the AIM baseline needs no Ray. Then the summary lines.
 Imports are lazy so that `dpsynth --help` does not import Ray.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -61,18 +60,9 @@ def _preflight(pipeline: str, config: Path, check: bool) -> bool:
 def _run(pipeline: str, config: Path, fresh: bool, check: bool) -> None:
     if _preflight(pipeline, config, check):
         return
-    from dpsynth.cli.run_summary import now
+    from dpsynth.api import METHODS
 
-    started = now()
-    driver = importlib.import_module(f"ray_jobs.{pipeline}")
-    _summarize(driver.main(config, resume=not fresh), started)
-
-
-def _summarize(run_dir: Path, started: float) -> None:
-    """End with where the outputs are, epsilon spent of the budget, stages run/skipped."""
-    from dpsynth.cli.run_summary import summary_lines
-
-    for line in summary_lines(run_dir, started):
+    for line in METHODS[pipeline].from_yaml(config).run(fresh=fresh, cluster="auto").summary_lines():
         typer.echo(line)
 
 
@@ -103,10 +93,4 @@ def dpfair(config: Path = _CONFIG, fresh: bool = _FRESH, check: bool = _CHECK) -
 @app.command()
 def aim(config: Path = _CONFIG, fresh: bool = _FRESH, check: bool = _CHECK) -> None:
     """AIM baseline (smartnoise-synth) on a table: its own run, release and ledger."""
-    if _preflight("aim", config, check):
-        return
-    from dpsynth.cli.run_summary import now
-    from dpsynth_core.tabular.aim_run import main
-
-    started = now()
-    _summarize(main(config, resume=not fresh), started)
+    _run("aim", config, fresh, check)

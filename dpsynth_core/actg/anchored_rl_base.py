@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
+from dpsynth_core.config.placement import Dtype
 from dpsynth_core.config import BATCH_CAP, NEW_TOKENS_CAP, SEQ_LEN_CAP, STEPS_CAP, StrictConfig, cap
 
 RewardFn = Callable[[list[str], list[dict]], list[float]]
@@ -70,7 +71,7 @@ class AnchoredRLConfig(StrictConfig):
     use_accelerate: bool = False
     # where the policy trains (dpsynth_core.config.placement); LoRA weights stay fp32 under a bf16 base
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["auto", "bf16", "fp32"] = "auto"
+    dtype: Dtype = "auto"
 
     @field_validator("engine", mode="before")
     @classmethod

@@ -28,12 +28,13 @@ from typing import Annotated, NamedTuple
 import pandas as pd
 from pydantic import Field, model_validator
 
-from dpsynth_core.config import RECORDS_CAP, TEXT_CHARS_CAP, StrictConfig, cap
+from dpsynth_core.config.record_level import RecordLevelData
+from dpsynth_core.config import RECORDS_CAP, TEXT_CHARS_CAP, cap
 from dpsynth_core.errors import DataError
 from dpsynth_core.privacy.randomness import content_keyed_holdout, working_set
 
 
-class DataSettings(StrictConfig):
+class DataSettings(RecordLevelData):
     """The private corpus. ``path: null`` = the bioRxiv set from ``data_dir()``."""
 
     path: Path | None = None

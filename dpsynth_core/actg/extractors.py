@@ -29,6 +29,7 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
+from dpsynth_core.config.placement import Dtype
 from dpsynth_core.actg.extractor_base import AttributeExtractor, snap_to_option
 from dpsynth_core.actg.schema import AttributeSchema
 from dpsynth_core.config import SEQ_LEN_CAP, StrictConfig, cap
@@ -317,7 +318,7 @@ class ExtractorConfig(StrictConfig):
     max_text_tokens: Annotated[int, SEQ_LEN_CAP] = Field(256, ge=1)
     # lm: where the scoring model runs (dpsynth_core.config.placement); auto is the GPU when the stage sees one
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["auto", "bf16", "fp32"] = "auto"
+    dtype: Dtype = "auto"
     # embedding
     option_template: str = "{description}: {option}"
     # openai

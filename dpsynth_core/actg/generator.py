@@ -20,6 +20,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from dpsynth_core.config.placement import Dtype
 from dpsynth_core.actg.schema import AttributeSchema
 from dpsynth_core.config import BATCH_CAP, NEW_TOKENS_CAP, StrictConfig
 from dpsynth_core.errors import ConfigError, DataError
@@ -39,7 +40,7 @@ class GenerationSettings(StrictConfig):
     engine: Literal["auto", "vllm", "hf"] = "auto"
     # where the generator runs (dpsynth_core.config.placement): auto is the GPU when the stage sees one
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    dtype: Dtype = "auto"
 
 
 def load_prompt_template(name_or_path: str | Path = "conditional") -> str:

@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-REFERENCE_LEDGER_BUDGET = 1e6  # nominal: the ledger needs a finite budget; a reference run records no event
 NO_NOISE_FEATURES = "features: real attribute rows resampled, no AIM noise (epsilon = inf reference run)"
 NO_NOISE_GENERATOR = "LoRA fine-tuning without noise (sigma = 0) or clipping (epsilon = inf reference run)"
 

@@ -2,11 +2,18 @@
 
 The shared names: ``output_dir`` (the run directory; was ``run_dir`` in ACTG, WASP, Aug-PE),
 ``data.path`` (your data file), ``data.text_col`` / ``data.label_col`` / ``data.user_col`` (its
-columns; ``dpsynth train`` and ``audit`` said ``text_column`` / ``user_column``).
+columns; ``dpsynth train`` and ``audit`` said ``text_column`` / ``user_column``; ``user_col`` only where
+a method bounds a user's contribution: ``config/record_level.py``), ``data.n_records`` (the public
+working-set size m; PE said ``num_private``, DPFairLLM and AIM ``train_rows``), ``adapter_dir`` (a LoRA
+adapter's directory; Serve said ``adapter``), ``dtype: auto|float32|bfloat16`` (``bf16``/``fp32`` accepted,
+``config/placement.py: Dtype``).
 
 A renamed field keeps its Python name and takes the new key as its alias
-(``run_dir: Path = Field(..., alias="output_dir")``; StrictConfig accepts both). :func:`check_renamed_keys`,
-called by ``load_config``, prints one line per old spelling found in a config file, naming the new key.
+(``run_dir: Path = Field(..., alias="output_dir")``; StrictConfig accepts both). A key moved into a
+section (PE's and the tabular runs' top-level ``epsilon`` / ``delta`` -> ``privacy.epsilon`` /
+``privacy.delta``) is listed in the class's ``moved_keys`` and moved by :func:`move_keys` before
+validation. :func:`check_renamed_keys`, called by ``load_config``, prints one line per old spelling or
+place found in a config file, naming the new key.
 """
 
 from __future__ import annotations
@@ -28,6 +35,12 @@ def _model_types(annotation) -> list[type[BaseModel]]:
 def renamed_keys(raw: dict, cls: type[BaseModel], prefix: str = "") -> list[tuple[str, str]]:
     """(old dotted key, new dotted key) for each old spelling used in ``raw`` (a config mapping)."""
     found: list[tuple[str, str]] = []
+    for old, new in getattr(cls, "moved_keys", {}).items():
+        if old in raw:
+            section, _, key = new.partition(".")
+            if isinstance(raw.get(section), dict) and key in raw[section]:
+                raise ConfigError(f"give '{prefix}{new}' only ('{prefix}{old}' is its old place)")
+            found.append((f"{prefix}{old}", f"{prefix}{new}"))
     for name, field in cls.model_fields.items():
         new = field.alias or name
         if new != name and name in raw:
@@ -50,3 +63,19 @@ def check_renamed_keys(raw: dict, cls: type[BaseModel], source: str) -> None:
     for old, new in found:
         print(f"{source}: key '{old}' is now '{new}'; the old name is accepted until the next release",
               file=sys.stderr)
+
+
+def move_keys(values, moves: dict[str, str]):
+    """Before validation: each old top-level key of ``moves`` into its section (``"epsilon": "privacy.epsilon"``)."""
+    if not isinstance(values, dict) or not any(old in values for old in moves):
+        return values
+    values = dict(values)
+    for old, new in moves.items():
+        if old in values:
+            section, _, key = new.partition(".")
+            inner = dict(values.get(section) or {})
+            if key in inner:
+                raise ValueError(f"give '{new}' only ('{old}' is its old place)")
+            inner[key] = values.pop(old)
+            values[section] = inner
+    return values

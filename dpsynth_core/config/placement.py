@@ -1,7 +1,7 @@
 """Where a stage's model runs and in which precision: one decision, shared by every stage.
 
 ``resolve_placement(device, dtype)`` maps the config knobs (``device: auto|cpu|cuda``,
-``dtype: auto|bf16|fp32``) and what the process can see to a ``Placement``:
+``dtype: auto|bfloat16|float32``, aliases ``bf16``/``fp32``) and what the process can see to a ``Placement``:
 - ``auto`` is the GPU when this process has one (a Ray task sees a GPU only when it asked for
   one: Ray sets ``CUDA_VISIBLE_DEVICES`` to "" otherwise), in bf16; else the CPU in fp32;
 - ``cuda`` without a visible GPU is a ConfigError, raised here, i.e. before a stage reads data;
@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator
 
 from dpsynth_core.errors import ConfigError
 
@@ -24,6 +26,21 @@ DtypeChoice = Literal["auto", "bf16", "fp32"]
 # The generation engines spell dtypes as torch/vLLM do; both spellings mean the same placement.
 _DTYPE_ALIASES = {"auto": "auto", "bf16": "bf16", "fp32": "fp32", "bfloat16": "bf16", "float32": "fp32",
                   "fp16": "fp16", "float16": "fp16"}
+_CONFIG_SPELLING = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
+
+
+def config_dtype(value):
+    """A config's dtype in its one spelling (torch's: ``bfloat16``, ``float32``); ``bf16``/``fp32`` are accepted."""
+    return _CONFIG_SPELLING.get(value, value) if isinstance(value, str) else value
+
+
+def placement_dtype(dtype: str) -> str:
+    """The short name a ``Placement`` carries (``bf16``, ``fp32``, ``fp16``) for either spelling."""
+    return _DTYPE_ALIASES.get(dtype, dtype)
+
+
+# Every config's `dtype` field: one spelling, the short aliases accepted (config/placement.py)
+Dtype = Annotated[Literal["auto", "float32", "bfloat16"], BeforeValidator(config_dtype)]
 
 
 def gpu_visible() -> bool:

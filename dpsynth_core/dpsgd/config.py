@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from dpsynth_core.config.placement import Dtype
 from dpsynth_core.config import BATCH_CAP, SEQ_LEN_CAP, STEPS_CAP, THREADS_CAP, StrictConfig, cap
 
 
@@ -67,7 +68,7 @@ class DpSgdConfig(StrictConfig):
     weight_decay: float = Field(0.0, ge=0)
     merge_adapter: bool = False  # also write a merged full model next to the adapter
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["auto", "bf16", "fp32"] = "auto"  # of the frozen base; LoRA weights stay fp32 (config/placement.py)
+    dtype: Dtype = "auto"  # of the frozen base; LoRA weights stay fp32 (config/placement.py)
     gpu_strategy: Literal["ddp", "fsdp2"] = "ddp"  # fsdp2 = opacus ghost_fsdp for 7B-class models
     stop_after_steps: int | None = Field(None, ge=1)  # testing only: simulate a kill after k steps
     torch_threads: Annotated[int | None, THREADS_CAP] = Field(None, ge=1)

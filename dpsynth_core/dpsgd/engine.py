@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpsynth_core.config.placement import Placement, resolve_placement
+from dpsynth_core.config.placement import Placement, placement_dtype, resolve_placement
 from dpsynth_core.dpsgd.budget import sampling_rate as poisson_rate
 from dpsynth_core.dpsgd.clipping import PerSampleClipper, make_clipper
 from dpsynth_core.dpsgd.config import DpSgdConfig, TrainExample
@@ -57,7 +57,7 @@ def resolve_device(config: DpSgdConfig, local_rank: int = 0) -> torch.device:
 
 def stage_placement(config: DpSgdConfig, device: torch.device) -> Placement:
     """The config's dtype on the engine's device (``auto``: bf16 on a GPU, fp32 on the CPU)."""
-    dtype = config.dtype if config.dtype != "auto" else ("bf16" if device.type == "cuda" else "fp32")
+    dtype = placement_dtype(config.dtype) if config.dtype != "auto" else ("bf16" if device.type == "cuda" else "fp32")
     return Placement(device.type, dtype, device.index or 0)
 
 

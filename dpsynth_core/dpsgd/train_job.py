@@ -1,4 +1,5 @@
-"""The `dpsynth train` job: its config, its data source, its ledger and its pre-flight.
+"""The `dpsynth train` job: its config, its data source and its pre-flight (the run itself:
+``dpsynth_core.train.method`` on the run loop, which creates its ledger).
 
 Everything that can be wrong with a config fails here, before any training: epsilon <= 0,
 delta >= 1/n (checked before the ledger is created), a logical batch larger than n, an unknown
@@ -72,29 +73,18 @@ def build_examples(spec: TrainDataSpec, config_path: Path):
     return data_source(spec, config_path).load()
 
 
-def open_ledger(job: TrainJobConfig, n_units: int):
-    from dpsynth_core.privacy import PrivacyLedger, check_delta_for_size, default_delta
-
-    run_dir = Path(job.ledger.run_dir or job.output_dir)
-    if (run_dir / "ledger.sqlite").is_file():
-        ledger = PrivacyLedger.open(run_dir)
-        check_delta_for_size(ledger.delta, n_units, field="train.delta (the ledger's delta)")
-        return ledger
-    delta = job.train.delta if job.train.delta is not None else default_delta(max(n_units, 2))
-    check_delta_for_size(delta, n_units, field="train.delta")  # before a ledger with a useless delta exists
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return PrivacyLedger.create(run_dir, job.ledger.dataset, job.ledger.epsilon_budget or job.train.epsilon, delta,
-                                public_size=job.train.public_num_units or n_units)
-
-
 def preflight_train(config_path: Path, fresh: bool = False) -> Plan:
     """Config, the whole data file, delta against its size, and the noise calibration. ``fresh``: the
     run's own ledger is about to be moved aside (``--fresh``), so it is not checked against."""
+    path = Path(config_path)
+    return preflight_job(load_config(path, TrainJobConfig), path, fresh)
+
+
+def preflight_job(job: TrainJobConfig, path: Path, fresh: bool = False) -> Plan:
+    """:func:`preflight_train` of a loaded config (``path``: where its relative data paths are read from)."""
     from dpsynth_core.dpsgd.budget import plan_privacy
     from dpsynth_core.privacy.randomness import refuse_pinned_dp_seed
 
-    path = Path(config_path)
-    job = load_config(path, TrainJobConfig)
     try:  # a pinned seed makes the noise reproducible from this file: tests only (DPSYNTH_TEST_MODE=1)
         refuse_pinned_dp_seed("train.sampling_seed", job.train.sampling_seed)
     except ValueError as exc:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from dpsynth_core.config.keys import move_keys
+from dpsynth_core.config.record_level import RecordLevelData
+from dpsynth_core.config.placement import Dtype
 from dpsynth_core.config import (
     BATCH_CAP, DELTA_CHECK, NEW_TOKENS_CAP, OUTPUT_ROWS_CAP, RECORDS_CAP, TEXT_CHARS_CAP, THREADS_CAP, StrictConfig, cap,
 )
@@ -37,7 +40,7 @@ class PLMConfig(StrictConfig):
     engine: Literal["auto", "vllm", "hf"] = "auto"
     # hf / ray_actor / serve: where the PLM runs (dpsynth_core.config.placement); a Ray PLM with device cuda asks Ray for a GPU
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bfloat16 on a GPU, float32 on CPU
+    dtype: Dtype = "auto"  # auto: bfloat16 on a GPU, float32 on CPU
 
     @model_validator(mode="after")
     def _gpu_plm_asks_for_one(self) -> PLMConfig:
@@ -51,7 +54,7 @@ class PLMConfig(StrictConfig):
         return self.name or self.model
 
 
-class PEDataConfig(StrictConfig):
+class PEDataConfig(RecordLevelData):
     """The private labelled set and a disjoint real held-out test set."""
 
     source: Literal["biorxiv", "file"] = "biorxiv"
@@ -61,7 +64,8 @@ class PEDataConfig(StrictConfig):
     # Required and public: choosing classes from label counts would read the private data.
     classes: list[str] | None = None
     # M: the public expected size of the private working set (delta and what the ledger states)
-    num_private: Annotated[int, RECORDS_CAP] = Field(100, ge=2)
+    # key `n_records` (was `num_private`): every method names the working-set size so (config/keys.py)
+    num_private: Annotated[int, RECORDS_CAP] = Field(100, ge=2, alias="n_records")
     # public share of the pool's rows drawn into the working set (secret Bernoulli draws); needed when
     # a file has more rows than num_private (a rate num_private / rows would depend on the file's size)
     sample_fraction: float | None = Field(None, gt=0, le=1)
@@ -84,8 +88,18 @@ class PEDataConfig(StrictConfig):
         return self
 
 
+class PEPrivacy(StrictConfig):
+    epsilon: float = Field(4.0, gt=0)  # .inf: a non-private reference run, only with not_private: true
+    # None: the shared rule min(1e-5, M^-1.1) (the paper's 1e-5 for M up to 35,000; docs/privacy.md).
+    # "1/(M ln M)" is the small-M rule (2.2e-3 at M = 100: a weaker guarantee).
+    delta: Annotated[float | Literal["1/(M ln M)"] | None, DELTA_CHECK] = None
+
+
 class PEConfig(StrictConfig):
     """WASP (``method: wasp``) or Aug-PE (``method: augpe``)."""
+
+    # the budget under `privacy:` in every method; top-level `epsilon` / `delta` load for one release
+    moved_keys: ClassVar[dict[str, str]] = {"epsilon": "privacy.epsilon", "delta": "privacy.delta"}
 
     method: Literal["wasp", "augpe"]
     # a path or file:// URI (shared storage on a cluster); key `output_dir` (was `run_dir`: config/keys.py)
@@ -95,10 +109,8 @@ class PEConfig(StrictConfig):
     data: PEDataConfig
     plms: list[PLMConfig] = Field(default_factory=lambda: [PLMConfig()], min_length=1, max_length=32)
     embedder: str = "minilm"
-    epsilon: float = Field(4.0, gt=0)  # .inf: a non-private reference run, only with not_private: true
+    privacy: PEPrivacy = Field(default_factory=PEPrivacy)
     not_private: bool = False
-    # The paper's delta (1e-5). "1/(M ln M)" is the small-M rule (2.2e-3 at M = 100: a weaker guarantee).
-    delta: Annotated[float | Literal["1/(M ln M)"], DELTA_CHECK] = 1e-5
     iterations: Annotated[int, cap(1000, 'noisy votes, each a full round of generation')] = Field(2, ge=1)  # T noisy votes
     num_synthetic: Annotated[int, OUTPUT_ROWS_CAP] = Field(50, ge=2)  # size of the final synthetic set
     q: Annotated[int, cap(1024, 'Top-Q votes per private record')] = Field(8, ge=1)  # WASP Top-Q
@@ -127,6 +139,19 @@ class PEConfig(StrictConfig):
     parallel_plms: bool = True  # False: call the PLMs one after another (timing comparison only)
     mauve: bool = True
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, values):
+        return move_keys(values, cls.moved_keys)
+
+    @property
+    def epsilon(self) -> float:
+        return self.privacy.epsilon
+
+    @property
+    def delta(self) -> float | str | None:
+        return self.privacy.delta
+
     @model_validator(mode="after")
     def _check(self) -> PEConfig:
         from dpsynth_core.privacy.randomness import refuse_pinned_dp_seed
@@ -142,7 +167,7 @@ class PEConfig(StrictConfig):
             self.federated_parties = len(self.data.party_paths)
         refuse_pinned_dp_seed("noise_seed", self.noise_seed)
         try:
-            check_reference_config(self.epsilon, self.not_private, "epsilon")
+            check_reference_config(self.epsilon, self.not_private, "privacy.epsilon")
         except ConfigError as exc:  # a validation error like every other field's
             raise ValueError(str(exc)) from None
         return self

@@ -76,7 +76,7 @@ def split_data(cfg: PEConfig) -> tuple[PrivateData, list[str], list[str], list[s
     in_pool[test_idx] = False
     pool = np.flatnonzero(in_pool)
     chosen = pool[working_set(len(pool), d.num_private, d.sample_fraction, public_corpus=d.source == "biorxiv",
-                              field="data.num_private")]
+                              field="data.n_records")]
 
     texts = [t[: d.max_chars] for t in raw_texts]
     parties = frame[PARTY_COL].to_numpy()[chosen].tolist() if PARTY_COL in frame.columns else None

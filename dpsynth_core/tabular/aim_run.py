@@ -7,26 +7,24 @@ sample. Here it is an ordinary run with the same data settings, schema and budge
 
     prepare    the secret working subset (owner-only state); `domain: dp` columns under DP
     aim        AIM under what the ledger leaves (zCDP rho)                -> synthetic.csv
+    (release)  release/: synthetic.csv, the DP schema, the ledger (written by the run loop)
     evaluate   TSTR / TVD / fairness / DCR+MIA on real data (owner-side report, not a release)
-    release    release/: synthetic.csv, the DP schema, the ledger
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pandas as pd
 
-from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir
+from dpsynth_core.run_loop import run_method
+from dpsynth_core.runs.contract import Method, PrivacyPlan, Stage
 from dpsynth_core.runs.files import atomic_write_text
-from dpsynth_core.runs.lock import locked_run
 from dpsynth_core.tabular import private_data
 from dpsynth_core.tabular.config import AimConfig
-from dpsynth_core.tabular.pipeline import prepare_domain, resolved_schema
+from dpsynth_core.tabular.run_schema import resolved_schema
 from dpsynth_core.tabular.schema import load_schema
-
-STAGES = ["prepare", "aim", "evaluate", "release"]
+from dpsynth_core.tabular.stages_dp import prepare_domain
 
 
 def _ledger(run: Path):
@@ -35,9 +33,18 @@ def _ledger(run: Path):
     return PrivacyLedger.open(run)
 
 
-def stage_aim(cfg: AimConfig, run: Path) -> dict:
+def _schema(cfg: AimConfig):
+    return load_schema(cfg.schema_path).select(cfg.columns)
+
+
+def stage_prepare(cfg: AimConfig, root: str) -> dict:
+    return prepare_domain(cfg, Path(root), _schema(cfg))
+
+
+def stage_aim(cfg: AimConfig, root: str) -> dict:
     from dpsynth_core.tabular.baseline import aim_synthesize
 
+    run = Path(root)
     schema, ledger = resolved_schema(run), _ledger(run)
     private = private_data.load_private(cfg, run, schema)
     synth = aim_synthesize(private, schema, epsilon=ledger.remaining_epsilon(), ledger=ledger, num_rows=cfg.num_rows,
@@ -46,9 +53,10 @@ def stage_aim(cfg: AimConfig, run: Path) -> dict:
     return {"rows": len(synth)}
 
 
-def stage_evaluate(cfg: AimConfig, run: Path) -> dict:
+def stage_evaluate(cfg: AimConfig, root: str) -> dict:
     from dpsynth_core.tabular.evaluate import evaluate_table, summary_row
 
+    run = Path(root)
     schema, ledger = resolved_schema(run), _ledger(run)
     synth = pd.read_csv(run / "synthetic.csv", keep_default_na=False)
     report = evaluate_table(synth, private_data.load_private(cfg, run, schema), private_data.load_test(cfg), schema,
@@ -58,38 +66,30 @@ def stage_evaluate(cfg: AimConfig, run: Path) -> dict:
             **(summary_row(report, sensitive) if sensitive and schema.target else {})}
 
 
-def stage_release(cfg: AimConfig, run: Path) -> dict:
-    from dpsynth_core.runs.release import write_release
+class AimMethod(Method):
+    """AIM on a table: its stages for the run loop (``run_loop``)."""
 
-    ledger = _ledger(run)
-    items = {"synthetic.csv": run / "synthetic.csv", "schema_resolved.json": run / "schema_resolved.json"}
-    write_release(run, items, ledger=ledger, method="aim")
-    atomic_write_text(run / "ledger.txt", ledger.render())
-    return {"files": sorted(items)}
+    kind = "aim"
+    config: AimConfig
+
+    def stages(self) -> list[Stage]:
+        return [Stage("prepare", stage_prepare, records=("gaussian",), reads_private=True),
+                Stage("aim", stage_aim, records=("zcdp",), reads_private=True),
+                Stage("evaluate", stage_evaluate, reads_private=True, after_release=True)]
+
+    def run_dir(self) -> Path:
+        return self.config.run_dir()
+
+    def privacy_plan(self) -> PrivacyPlan:
+        return private_data.privacy_plan(self.config, _schema(self.config))
+
+    def release_items(self, root: Path) -> dict[str, Path]:
+        return {"synthetic.csv": root / "synthetic.csv", "schema_resolved.json": root / "schema_resolved.json"}
 
 
-@locked_run(lambda cfg, **_: cfg.run_dir())  # one process per run (runs/lock.py)
 def run_aim(cfg: AimConfig, *, resume: bool = True) -> Path:
     """Run every AIM stage not yet finished (in this process); return the run directory."""
-    from dpsynth_core.privacy import PrivacyLedger
-
-    schema = load_schema(cfg.schema_path).select(cfg.columns)
-    rows, delta = private_data.preflight(cfg, schema)  # before anything is written
-    root = open_run_dir(cfg.run_dir(), cfg.model_dump(mode="json"), resume=resume)
-    marks = StageMarkers(root)
-    if all(marks.done(s) for s in STAGES):
-        announce_finished(root)
-        return root
-    if not (root / "ledger.sqlite").is_file():
-        PrivacyLedger.create(root, cfg.name, cfg.epsilon, delta, public_size=private_data.expected_rows(cfg, rows))
-    stages = {"prepare": lambda c, r: prepare_domain(c, r, schema), "aim": stage_aim, "evaluate": stage_evaluate,
-              "release": stage_release}
-    for name in STAGES:
-        if not marks.done(name):
-            t0 = time.perf_counter()
-            summary = stages[name](cfg, root)
-            marks.mark(name, {"seconds": round(time.perf_counter() - t0, 2), **summary})
-    return root
+    return run_method(AimMethod(cfg), resume=resume).run_dir
 
 
 def main(config_path: Path, resume: bool = True) -> Path:

@@ -9,10 +9,13 @@ they point at are read from their source by whichever process needs them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from dpsynth_core.config.keys import move_keys
+from dpsynth_core.config.record_level import RecordLevelData
+from dpsynth_core.config.placement import Dtype
 from dpsynth_core.config import (
     BATCH_CAP, OUTPUT_ROWS_CAP, RECORDS_CAP, SEQ_LEN_CAP, STEPS_CAP, THREADS_CAP, StrictConfig, cap, load_config,
 )
@@ -155,16 +158,17 @@ class GenerationSettings(StrictConfig):
     calibrate: CalibrationSettings = Field(default_factory=CalibrationSettings)
     # where the generator runs (dpsynth_core.config.placement): auto is the GPU when the stage sees one
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # spelled as the generation engines spell it
+    dtype: Dtype = "auto"
 
 
-class DataSettings(StrictConfig):
+class DataSettings(RecordLevelData):
     """The private table and the real test table (owner-side evaluation only)."""
 
     source: str = "adult"  # "adult" or a CSV/JSONL/Parquet path (`path: FILE` says the same)
     test_path: str | None = None  # for non-adult sources: the real test table
     # public expected size m of the private working set (secret Bernoulli draws); None = the whole file
-    train_rows: Annotated[int | None, RECORDS_CAP] = Field(None, ge=10)
+    # key `n_records` (was `train_rows`): every method names the working-set size so (config/keys.py)
+    train_rows: Annotated[int | None, RECORDS_CAP] = Field(None, ge=10, alias="n_records")
     # public share of the file's rows drawn into the working set; needed when your file has more rows than
     # train_rows (a rate train_rows / rows would depend on the file's size); adult: train_rows / its rows
     sample_fraction: float | None = Field(None, gt=0, le=1)
@@ -246,7 +250,7 @@ class TrainingSettings(StrictConfig):
     public_stage: PublicStageSettings = Field(default_factory=PublicStageSettings)
     # where stage 1 and DP-SGD train (dpsynth_core.config.placement); LoRA weights stay fp32 under a bf16 base
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["auto", "bf16", "fp32"] = "auto"
+    dtype: Dtype = "auto"
 
 
 class FairnessSettings(StrictConfig):
@@ -298,18 +302,39 @@ class FairnessSettings(StrictConfig):
         return any(self.any_weight(name) for name in ("dp", "reweigh", "eo"))
 
 
+class TablePrivacy(StrictConfig):
+    # finite: an epsilon = inf reference run needs noiseless domain, marginal and DP-SGD paths, not built yet
+    epsilon: float = Field(..., gt=0, allow_inf_nan=False)
+    delta: float | None = Field(None, gt=0, lt=1)  # default min(1e-5, m^-1.1), m = the expected private rows
+
+
 class TableRunConfig(StrictConfig):
     """What every tabular run shares: where the data and the public schema are, and the budget."""
+
+    # the budget under `privacy:` in every method; top-level `epsilon` / `delta` load for one release
+    moved_keys: ClassVar[dict[str, str]] = {"epsilon": "privacy.epsilon", "delta": "privacy.delta"}
 
     name: str
     output_dir: RunDirPath  # a path or file:// URI; shared storage on a cluster
     schema_path: str = "configs/schemas/adult.yaml"
     columns: list[str] | None = None
     data: DataSettings = Field(default_factory=DataSettings)
-    epsilon: float = Field(..., gt=0)
-    delta: float | None = Field(None, gt=0, lt=1)  # default min(1e-5, m^-1.1), m = the expected private rows
+    privacy: TablePrivacy
     budget: BudgetSplit = Field(default_factory=BudgetSplit)
     evaluate_privacy: bool = True  # DCR + membership inference in the owner-side report
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, values):
+        return move_keys(values, cls.moved_keys)
+
+    @property
+    def epsilon(self) -> float:
+        return self.privacy.epsilon
+
+    @property
+    def delta(self) -> float | None:
+        return self.privacy.delta
 
     def run_dir(self) -> Path:
         """``output_dir/name``, absolute (a relative one is refused inside a submitted Ray job)."""

@@ -23,12 +23,13 @@ def preflight_dpfair(config_path: Path) -> Plan:
 
 def preflight_aim(config_path: Path) -> Plan:
     from dpsynth_core.tabular import private_data
-    from dpsynth_core.tabular.aim_run import STAGES
+    from dpsynth_core.tabular.aim_run import AimMethod
     from dpsynth_core.tabular.config import load_aim_config
     from dpsynth_core.tabular.schema import load_schema
 
     cfg = load_aim_config(config_path)
     schema = load_schema(cfg.schema_path).select(cfg.columns)
     rows, delta = private_data.preflight(cfg, schema)
-    return Plan("aim", Path(config_path), list(STAGES), cfg.epsilon, delta, private_data.source_name(cfg), rows,
+    stages = [s.name for s in AimMethod(cfg).stages()]
+    return Plan("aim", Path(config_path), stages, cfg.epsilon, delta, private_data.source_name(cfg), rows,
                 cfg.run_dir())

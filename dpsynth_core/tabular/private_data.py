@@ -110,7 +110,7 @@ def resolve_delta(cfg: TableRunConfig, n: int) -> float:
     from dpsynth_core.privacy import check_delta_for_size, default_delta
 
     m = expected_rows(cfg, n)
-    return check_delta_for_size(cfg.delta if cfg.delta is not None else default_delta(m), m, "delta")
+    return check_delta_for_size(cfg.delta if cfg.delta is not None else default_delta(m), m, "privacy.delta")
 
 
 def _fingerprint(frame: pd.DataFrame) -> str:
@@ -127,7 +127,7 @@ def draw_subset(cfg: TableRunConfig, root: Path, frame: pd.DataFrame) -> np.ndar
     from dpsynth_core.privacy.randomness import working_set
 
     keep = working_set(len(frame), cfg.data.train_rows or len(frame), cfg.data.sample_fraction,
-                       public_corpus=cfg.data.source == "adult", field="data.train_rows")
+                       public_corpus=cfg.data.source == "adult", field="data.n_records")
     state = subset_state(root)
     state.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(state.parent, 0o700)
@@ -164,6 +164,14 @@ def private_rows(cfg: TableRunConfig, root: Path, *, first_stage: bool = False) 
 def load_private(cfg: TableRunConfig, root: Path, schema: TableSchema) -> pd.DataFrame:
     """The run's working set validated against ``schema`` (a resolved one); errors name file rows."""
     return schema.validate_frame(private_rows(cfg, root), source_name(cfg))
+
+
+def privacy_plan(cfg: TableRunConfig, schema: TableSchema):
+    """The run loop's pre-flight of a tabular run: :func:`preflight`, then the ledger's public settings."""
+    from dpsynth_core.runs.contract import PrivacyPlan
+
+    rows, _ = preflight(cfg, schema)
+    return PrivacyPlan(cfg.name, cfg.epsilon, cfg.delta, expected_rows(cfg, rows))
 
 
 def preflight(cfg: TableRunConfig, schema: TableSchema) -> tuple[int, float]:

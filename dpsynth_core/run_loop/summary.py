@@ -6,7 +6,7 @@ Completed units are what the pipelines leave behind: ``stages/<name>.done`` (ACT
 and ``checkpoints/iter_XXXX.json`` (WASP, Aug-PE; iteration 0 is the initial population). A unit
 written since this invocation started ran now; an older one was skipped. Everything printed is a
 public quantity (stage names, the composed epsilon the release reports anyway). It reads the run's
-ledger, so it sits above the library's ``runs`` package (which stays below ``privacy``).
+ledger, so it sits with the run loop, above the library's ``runs`` package (which stays below ``privacy``).
 """
 
 from __future__ import annotations
