@@ -281,10 +281,10 @@ def test_marginals_stage_releases_the_pairs_the_config_asks_in_one_entry(finishe
     assert entry.epsilon <= 3.0 * 0.1 + 1e-6
 
 def test_recalibrating_the_kept_pool_reproduces_the_run(finished_run):
-    """benchmarks/dpfair_recalibrate.py re-applies the run's own calibration to generated_pool.csv: the
+    """experiments/dpfair_recalibrate.py re-applies the run's own calibration to generated_pool.csv: the
     released rows, evaluated as the evaluate stage does, give the run's own figures (so its variants
     measure what a run with those settings would release from the same pool)."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
+    sys.path.insert(0, str(REPO / "experiments"))
     from dpfair_recalibrate import parse_variant, recalibrate
 
     run, _, _ = finished_run

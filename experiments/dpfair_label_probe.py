@@ -1,6 +1,6 @@
 """Where DPFairLLM's TSTR F1 is lost: in the label, or in the generated features? (owner-side diagnostic)
 
-    python benchmarks/dpfair_label_probe.py runs/dpfair/<run> [<run> ...] [--draws 5]
+    python experiments/dpfair_label_probe.py runs/dpfair/<run> [<run> ...] [--draws 5]
 
 For each run directory with DP (column, target) tables (``generation.calibrate.pairs_with_target``):
 

@@ -1,6 +1,6 @@
 """Compare ``generation.calibrate`` settings on pools already generated (owner-side, no new generation).
 
-    python benchmarks/dpfair_recalibrate.py runs/dpfair/<run>_s0 runs/dpfair/<run>_s1 ... \
+    python experiments/dpfair_recalibrate.py runs/dpfair/<run>_s0 runs/dpfair/<run>_s1 ... \
         --variant "run's own" --variant "cut on the raked pool:label_cut=raked" \
         --variant "no (column, A) tables:drop_sensitive_pairs=true" --out runs/dpfair/recalibrate
 

@@ -1,9 +1,9 @@
 """Agreement of attribute extractors with the oracle labels of ../shared/data/biorxiv.
 
-    .venv/bin/python benchmarks/extractor_agreement.py --n-embedding 200 --n-lm 60 --out benchmarks/results
+    .venv/bin/python experiments/extractor_agreement.py --n-embedding 200 --n-lm 60 --out benchmarks/results
     # plus the OpenAI-compatible client against a served model (here SmolLM2 on Ray Serve):
     dpsynth serve start --config configs/serve_smollm2.yaml
-    .venv/bin/python benchmarks/extractor_agreement.py --n-openai 30 --openai-base-url http://127.0.0.1:8000/v1
+    .venv/bin/python experiments/extractor_agreement.py --n-openai 30 --openai-base-url http://127.0.0.1:8000/v1
 
 Per field and mean agreement for the embedding zero-shot extractor (MiniLM) and the LM-choice
 extractor (SmolLM2-135M-Instruct) on a fixed random subsample, and optionally the OpenAI-compatible

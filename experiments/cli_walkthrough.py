@@ -1,6 +1,6 @@
 """Issue 19's walk-through: every bad input and odd sequence a new user tried, replayed.
 
-    .venv/bin/python benchmarks/cli_walkthrough.py [--quick] [--out walk.md]
+    .venv/bin/python experiments/cli_walkthrough.py [--quick] [--out walk.md]
 
 Runs the installed ``dpsynth`` in a scratch directory (a copy of ``configs/``; the real data from
 ``$DPSYNTH_DATA_DIR`` or ``../shared/data``) and prints one row per case: the command, its exit

@@ -1,6 +1,6 @@
 """How small can the TSTR fairness gaps get when the label rule knows the REAL data? (owner-side bound)
 
-    python benchmarks/dpfair_label_bound.py --config configs/dpfair_eps1.yaml --train-rows 1000 \
+    python experiments/dpfair_label_bound.py --config experiments/configs/dpfair_eps1.yaml --train-rows 1000 \
         --release-rows 300 --seeds 0 1 2 --aim runs/aim/aim300_eps1_s0 ... --out runs/dpfair/bound
 
 DPFairLLM's claim (issue 18) is measured as TSTR: a logistic regression trained on the released rows,

@@ -1,6 +1,6 @@
 """How far a DPFairLLM run's DP estimates of P(Y = pos | A = a) are from the private rows' (owner-side).
 
-    python benchmarks/dpfair_rate_estimates.py runs/dpfair/<run>_s3 runs/dpfair/<run>_s4 ...
+    python experiments/dpfair_rate_estimates.py runs/dpfair/<run>_s3 runs/dpfair/<run>_s4 ...
 
 For each run: the rates of the fairness statistics' table alone (``fair_targets.json``) and of the table
 pooled over every DP release of it (``tabular.dp_pooling``, what ``generation.fairness.rate_mix`` uses),

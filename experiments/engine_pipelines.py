@@ -1,7 +1,7 @@
 """Wall time of two generating stages on the HF and the vLLM engine, paired in one run.
 
-    .venv/bin/python benchmarks/engine_pipelines.py wasp   [--config configs/wasp_demo.yaml] [--repeats 1]
-    .venv/bin/python benchmarks/engine_pipelines.py dpfair [--rows 200] [--repeats 1]
+    .venv/bin/python experiments/engine_pipelines.py wasp   [--config configs/wasp_demo.yaml] [--repeats 1]
+    .venv/bin/python experiments/engine_pipelines.py dpfair [--rows 200] [--repeats 1]
 
 ``wasp``: the generation of one WASP iteration (a contrastive round) with the config's 2 PLMs, each
 PLM loaded once per engine (``dpsynth_core.pe.llm.LocalLLM``, engine hf / vllm). The round's budget
