@@ -1,7 +1,7 @@
 """Collect tabular run summaries into one comparison table (markdown) and a bar plot.
 
-    dpsynth run dpfair --config configs/dpfair_eps4.yaml
-    dpsynth run dpfair --config configs/dpfair_eps4_nofair.yaml
+    dpsynth run dpfair --config experiments/configs/dpfair_eps4.yaml
+    dpsynth run dpfair --config experiments/configs/dpfair_eps4_nofair.yaml
     dpsynth run aim --config configs/aim_eps4.yaml
     python benchmarks/dpfair_table.py runs/dpfair/dpfair_eps4 runs/dpfair/dpfair_eps4_nofair runs/aim/aim_eps4 \
         --out runs/dpfair/comparison

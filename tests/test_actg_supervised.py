@@ -119,8 +119,9 @@ def test_paper_configs_read_a_declared_public_file_disjoint_from_the_private_fil
     assert len(public) + len(private) <= len(load_biorxiv()) and len(private) >= 1000
     monkeypatch.chdir(tmp_path)  # the configs' relative paths are read from the current directory
     repo = Path(__file__).resolve().parent.parent
-    for name in ("actg_paper", "actg_paper_eps_inf", "actg_paper_dpft_features", "actg_paper_direct_prompt"):
-        cfg = load_actg_config(repo / "configs" / f"{name}.yaml")
+    for path in ("configs/actg_paper", "experiments/configs/actg_paper_eps_inf",
+                 "experiments/configs/actg_paper_dpft_features", "experiments/configs/actg_paper_direct_prompt"):
+        cfg = load_actg_config(repo / f"{path}.yaml")
         assert cfg.resolved(cfg.data.public_path).resolve() == public_file.resolve()
         assert cfg.resolved(cfg.data.path).resolve() == private_file.resolve()
 

@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_shipped_configs_load_and_bind_loopback():
-    for name in ("serve_smollm2", "serve_multi_plm", "serve_vllm"):
-        cfg = load_config(REPO / "configs" / f"{name}.yaml", ServeConfig)
+    for path in ("configs/serve_smollm2", "tests/configs/serve_multi_plm", "configs/serve_vllm"):
+        cfg = load_config(REPO / f"{path}.yaml", ServeConfig)
         assert cfg.http.host == "127.0.0.1"
     assert http_url(cfg) == "http://127.0.0.1:8000"
 
