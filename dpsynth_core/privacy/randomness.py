@@ -53,8 +53,8 @@ def working_set(n: int, m: int, fraction: float | None, *, public_corpus: bool, 
     """Indices of the private working set drawn from a pool of ``n`` rows for the declared public size m.
 
     The inclusion rate must not depend on the private file: one more record would change every
-    row's chance, and the ledger's epsilon would not hold for the file (docs/privacy.md: measured
-    0.03 extra at m = 300 of n = 1,000, 4.5 at m = 1,000 of n = 1,001). So it is
+    row's chance, and the ledger's epsilon would not hold for the file (docs/privacy.md has the
+    measured extra epsilon). So it is
 
     * ``fraction`` (``data.sample_fraction``), a public rate, when the config gives one: a fixed
       rate never increases the cost (the proof is in docs/privacy.md);

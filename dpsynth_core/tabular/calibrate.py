@@ -19,9 +19,8 @@ samples a larger pool and the pool is calibrated to them:
 4. ``n`` rows drawn from the pool with inclusion probabilities proportional to the weights
    (systematic PPS sampling in a random order: exactly ``n`` distinct rows), or, with
    ``select: balanced``, chosen greedily so the released rows' own margins track the targets
-   (PPS adds sampling noise: 100 of 300 rows sat at mean 1-way TVD 0.10 from the DP marginals
-   where the weighted pool was at 0.02-0.05; the greedy choice at 0.06). ``balanced`` is the
-   config default (``CalibrationSettings.select``).
+   (PPS adds sampling noise to the released margins; measured: docs/results/config_figures.md).
+   ``balanced`` is the config default (``CalibrationSettings.select``).
 
 Every input is a DP release or a generated row, and the sampling seed is a config seed: this is
 post-processing of DP outputs. Cells of a margin no pool row falls in are dropped from it and the

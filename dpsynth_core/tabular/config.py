@@ -106,7 +106,7 @@ class CalibrationSettings(StrictConfig):
     # training.public_stage.marginal_bins); coarser cells hold more rows against the same noise
     pair_bins: int | None = Field(None, ge=2, le=256)
     # which rows of the raked pool are released: greedily matching the margins (balanced) or by the weights
-    # (pps). Adult, eps = 1, 3 seeds: released 1-way TVD 0.101 +- 0.015 balanced vs 0.163 +- 0.041 pps
+    # (pps); balanced measured closer to the marginals (docs/results/config_figures.md)
     select: Literal["pps", "balanced"] = "balanced"
     # where the released rows' target comes from: the generator, or a ranking by the naive-Bayes score of
     # the DP (column, target) tables (tabular.labeller; needs pairs_with_target and a binary target)

@@ -1,10 +1,9 @@
 """Label generated rows from the run's DP (column, target) tables (post-processing, no privacy cost).
 
 Why: a generator DP-SGD trained for a few steps writes plausible *features* but barely ties the label
-to them. Measured on Adult (issue 18, owner-side): relabelling the generated rows with a classifier fit
-on the real rows gives TSTR F1 0.35-0.46, about what the same labeller reaches on real rows (0.42-0.46),
-while the generator's own labels give 0.06-0.28 (one run per eps, pools of 300-900 rows). The run has
-already released each column's 2-way table with the target (``calibrate.pairs_with_target``), so the
+to them: on Adult, relabelling the generated rows with a classifier fit on the real rows lifted TSTR F1
+to about what that labeller reaches on real rows, far above the generator's own labels
+(docs/results/config_figures.md). The run has already released each column's 2-way table with the target (``calibrate.pairs_with_target``), so the
 label can come from them:
 
 * score: the naive-Bayes log-odds of the positive label, log P(pos) / P(neg) + sum over columns of
@@ -17,7 +16,7 @@ label can come from them:
 * labels: the ``rate`` share of rows with the highest score are positive, within each group when
   ``groups`` are given (equal label rates per group: demographic parity in the released labels), so
   the label share is the DP P(Y = pos) (or the fairness target) instead of the naive Bayes' own,
-  which is badly calibrated on generated rows (sampled labels from it: F1 0.04-0.08 at eps = 1).
+  which is badly calibrated on generated rows (labels sampled from it scored worst of all, same page).
 
 Inputs are DP releases and generated rows only. Binary targets only (a ranking needs one positive).
 """
