@@ -83,7 +83,9 @@ def test_paper_weights_normalise_by_each_plms_share_not_volume():
 
 def test_extensions_are_off_by_default():
     from dpsynth_core.pe.config import PEConfig
+    from dpsynth_core.pe.pipeline import resolve_delta
 
     cfg = PEConfig(method="wasp", data={"source": "biorxiv", "classes": ["x", "y"]})
     assert (cfg.weight_floor, cfg.weight_momentum, cfg.plm_weighting) == (0.0, 0.0, "share_normalised")
-    assert cfg.delta == 1e-5 and cfg.example_fraction == 0.5 and cfg.contrastive
+    # delta unset: the one default rule of every method, min(1e-5, M^-1.1) -- 1e-5 at this M
+    assert cfg.delta is None and resolve_delta(cfg) == 1e-5 and cfg.example_fraction == 0.5 and cfg.contrastive
