@@ -72,8 +72,11 @@ def _summarize(run_dir: Path, started: float) -> None:
     """End with where the outputs are, epsilon spent of the budget, stages run/skipped."""
     from dpsynth.cli.run_summary import summary_lines
 
+    from dpsynth.cli.report import report_after_run
+
     for line in summary_lines(run_dir, started):
         typer.echo(line)
+    typer.echo(report_after_run(run_dir))  # the lead moves this into the one run loop at merge
 
 
 @app.command()
