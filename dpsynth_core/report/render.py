@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 from html import escape
 from importlib.resources import files
 from pathlib import Path
@@ -43,8 +44,17 @@ def _section(s: Section) -> str:
                      "<th>trivial baseline</th><th>reference</th><th></th></tr>"
                      + "".join(_figure_row(f) for f in s.figures) + "</table>")
     parts.extend(_table(t) for t in s.tables)
-    parts.extend(f"<figure>{svg}</figure>" for svg in s.charts)
+    parts.extend(_chart(svg) for svg in s.charts)
     return "".join(parts) + "</section>"
+
+
+def _chart(svg: str) -> str:
+    """An inline SVG with its <title> as a visible caption (a PNG from ``inline_png`` is already a figure)."""
+    if svg.startswith("<figure"):
+        return svg
+    found = re.search(r"<title>(.*?)</title>", svg)
+    caption = f"<figcaption>{found.group(1)}</figcaption>" if found else ""  # already escaped in the SVG
+    return f"<figure>{svg}{caption}</figure>"
 
 
 def inline_png(path: Path, caption: str) -> str:
