@@ -97,29 +97,41 @@ came from OS entropy.
 """
 
 
-def model_card(manifest: dict, method: str, unit: str, adapter: Path, release: Path) -> str:
+def _adapter_config(adapter: Path) -> dict:
+    """adapter_config.json, with the base model named as dpsynth's registry does (dp_training.json) when known."""
     config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
-    base = config.get("base_model_name_or_path", "see adapter_config.json")
-    return f"""---
-library_name: peft
-base_model: {base}
-tags:
-- differential-privacy
-- lora
-- dpsynth
----
+    config["_path"] = config.get("base_model_name_or_path")
+    summary = adapter / "dp_training.json"
+    if summary.is_file():
+        config["base_model_name_or_path"] = json.loads(summary.read_text(encoding="utf-8")).get(
+            "base_model", config.get("base_model_name_or_path"))
+    return config
 
-# DP LoRA adapter `{adapter.relative_to(release)}` ({method})
 
-A LoRA adapter (rank {config.get('r', 'n/a')}) on **{base}**, fine-tuned with DP-SGD (per-example clipping,
-Gaussian noise) by dpsynth.
+def model_card(manifest: dict, method: str, unit: str, adapter_dirs: list[Path], release: Path) -> str:
+    """One card (one YAML header) for every adapter in the release (ACTG releases the DP generator and the RL one)."""
+    configs = [_adapter_config(a) for a in adapter_dirs]
+    named = {c["_path"]: c["base_model_name_or_path"] for c in configs if c["_path"] != c["base_model_name_or_path"]}
+    for c in configs:  # ACTG's RL adapter has no dp_training.json: the same base, named as its sibling names it
+        c["base_model_name_or_path"] = named.get(c["_path"], c["base_model_name_or_path"])
+    bases = sorted({c.get("base_model_name_or_path") or "see adapter_config.json" for c in configs})
+    header = "\n".join(["---", "library_name: peft", "base_model:", *[f"- {b}" for b in bases],
+                        "tags:", "- differential-privacy", "- lora", "- dpsynth", "---", ""])
+    listed = "\n".join(f"- `{a.relative_to(release)}/`: LoRA rank {c.get('r', 'n/a')} on **{c.get('base_model_name_or_path')}**"
+                       for a, c in zip(adapter_dirs, configs))
+    return header + f"""
+# DP LoRA adapters ({method})
 
-**Privacy:** {_guarantee(manifest, unit)} The adapter's own accounting is in its `dp_training.json` when present.
+{listed}
+
+Fine-tuned with DP-SGD (per-example clipping, Gaussian noise) by dpsynth; an adapter trained after DP-SGD on
+synthetic data only (ACTG's RL adapter) is post-processing and carries the same guarantee.
+
+**Privacy:** {_guarantee(manifest, unit)} An adapter's own accounting is in its `dp_training.json` when present.
 
 ## Intended use
 
-Generating synthetic data like this release's. It was trained on private data under the guarantee above; no
-training loss or sampling seed is released with it.
+Generating synthetic data like this release's. No training loss or sampling seed is released with the adapters.
 
 ## Limits
 
@@ -144,8 +156,8 @@ def write_cards(run_dir: Path, method: str, unit: str) -> list[str]:
             items.update({PARQUET: tmp / PARQUET, HF_DATASET: tmp / HF_DATASET, "README.md": tmp / "README.md"})
         found_adapters = adapters(release)
         if found_adapters:
-            cards = [model_card(manifest, method, unit, a, release) for a in found_adapters]
-            (tmp / "MODEL_CARD.md").write_text("\n\n".join(cards), encoding="utf-8")
+            (tmp / "MODEL_CARD.md").write_text(model_card(manifest, method, unit, found_adapters, release),
+                                               encoding="utf-8")
             items["MODEL_CARD.md"] = tmp / "MODEL_CARD.md"
         if items:
             add_to_release(run_dir, items)
