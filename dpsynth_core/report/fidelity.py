@@ -6,7 +6,7 @@ from dpsynth_core.data.sample_sizes import MAUVE_MIN_TEXTS, NOT_ENOUGH_TEXTS, en
 from dpsynth_core.report.bands import djs_grade, mauve_grade, tvd_grade
 from dpsynth_core.report.inputs import RunFacts
 from dpsynth_core.report.model import NOT_COMPUTED, Figure, Section, Table, fmt, not_applicable, not_computed
-from dpsynth_core.report.svg import paired_bars
+from dpsynth_core.report.svg import heatmap, paired_bars
 
 TITLE = "Fidelity"
 MAIN_SYSTEMS = ("actg_arl", "direct_prompt", "vanilla", "actg")  # ACTG's published system, first present
@@ -113,6 +113,14 @@ def _table(facts: RunFacts) -> Section:
     for col, shares in (ev.get("marginals") or {}).items():
         charts.append(paired_bars(f"{col}: real vs synthetic", [str(v) for v in shares["values"]],
                                   {"real": shares["real"], "synthetic": shares["synthetic"]}, height=120))
+    assoc = ev.get("associations")
+    if assoc:
+        cols = assoc["columns"]
+        gaps = [abs(r - s) for rr, ss in zip(assoc["real"], assoc["synthetic"]) for r, s in zip(rr, ss)]
+        figures.append(Figure("mean |Cramér's V real − synthetic| over column pairs", sum(gaps) / max(1, len(gaps) - len(cols)), n))
+        charts += [heatmap(f"Column associations, real (Cramér's V, n = {ev.get('n_real_train', 'n/a')})", cols, assoc["real"]),
+                   heatmap(f"Column associations, synthetic (Cramér's V, n = {ev.get('n_synthetic')})", cols,
+                           assoc["synthetic"])]
     grade = tvd_grade(fid["tvd_1way_mean"])
     action = {"D": "more ε for the generator, or more training steps",
               "C": "check the column-shape table for the worst marginal"}.get(grade, "none")

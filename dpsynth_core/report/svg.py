@@ -50,3 +50,23 @@ def paired_bars(title: str, labels: list[str], series: dict[str, list[float]], w
     out.append(f'<text x="0" y="12" font-size="10">{top:.3g}</text><line x1="38" y1="0" x2="38" y2="{height}" '
                f'stroke="#999"/><line x1="38" y1="{height}" x2="{width}" y2="{height}" stroke="#999"/></svg>')
     return "".join(out)
+
+
+def heatmap(title: str, labels: list[str], matrix: list[list[float]], cell: int = 34) -> str:
+    """A square matrix of values in [0, 1] (e.g. Cramér's V), darker = stronger, each cell labelled."""
+    n, pad = len(labels), 110
+    size = pad + n * cell
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" role="img" width="{size}" height="{size}">',
+           f"<title>{escape(title)}</title>"]
+    for i, row in enumerate(matrix):
+        out.append(f'<text x="{pad - 4}" y="{pad + i * cell + cell * 0.6:.0f}" font-size="10" '
+                   f'text-anchor="end">{escape(labels[i][:16])}</text>')
+        out.append(f'<text x="{pad + i * cell + cell / 2:.0f}" y="{pad - 4}" font-size="10" '
+                   f'transform="rotate(-45 {pad + i * cell + cell / 2:.0f} {pad - 4})">{escape(labels[i][:16])}</text>')
+        for j, v in enumerate(row):
+            shade = int(255 - 200 * max(0.0, min(1.0, v)))
+            out.append(f'<rect x="{pad + j * cell}" y="{pad + i * cell}" width="{cell}" height="{cell}" '
+                       f'fill="rgb({shade},{shade},255)" stroke="#fff"/><text x="{pad + j * cell + cell / 2:.0f}" '
+                       f'y="{pad + i * cell + cell * 0.6:.0f}" font-size="9" text-anchor="middle">{v:.2f}</text>')
+    out.append("</svg>")
+    return "".join(out)

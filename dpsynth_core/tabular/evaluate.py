@@ -88,6 +88,26 @@ def column_shares(synth: pd.DataFrame, real: pd.DataFrame, schema: TableSchema) 
     return out
 
 
+def associations(synth: pd.DataFrame, real: pd.DataFrame, schema: TableSchema) -> dict:
+    """Cramér's V of every column pair (numeric columns in their schema bins), real and synthetic: the report's
+    correlation heatmaps (0 = independent, 1 = one column determines the other)."""
+    from scipy.stats import chi2_contingency
+
+    def matrix(binned: pd.DataFrame) -> list[list[float]]:
+        names = schema.names
+        out = [[1.0 if i == j else 0.0 for j in range(len(names))] for i in range(len(names))]
+        for i, j in itertools.combinations(range(len(names)), 2):
+            table = pd.crosstab(binned[names[i]].astype(str), binned[names[j]].astype(str))
+            k = min(table.shape) - 1
+            if k > 0:
+                chi2 = chi2_contingency(table, correction=False)[0]
+                out[i][j] = out[j][i] = float(np.sqrt(chi2 / (table.to_numpy().sum() * k)))
+        return out
+
+    return {"columns": list(schema.names), "real": matrix(_binned(real, schema)),
+            "synthetic": matrix(_binned(synth, schema))}
+
+
 def encode_matrix(df: pd.DataFrame, schema: TableSchema, exclude: tuple[str, ...] = ()) -> np.ndarray:
     """Dense features: one-hot over the *public* categories, numbers min-max scaled by schema bounds.
 
@@ -283,6 +303,7 @@ def evaluate_table(
     report: dict = {"n_synthetic": len(synth), "n_real_train": len(real_train), "n_real_test": len(real_test),
                     "fidelity": marginal_tvd(synth, real_train, schema)}
     report["marginals"] = column_shares(synth, real_train, schema)
+    report["associations"] = associations(synth, real_train, schema)
     if schema.target is not None:
         report["tstr"] = tstr(synth, real_test, schema, seed)
     if privacy:
