@@ -37,6 +37,14 @@ def fairness_section(facts: RunFacts) -> Section:
                   ["attribute", "classifier", "DP gap (synthetic)", "DP gap (real)", "EO gap (synthetic)",
                    "EO gap (real)"], rows)
     worst = max(gb[f"dp_diff_{a}"] for a in attrs)
+    base = tstr.get("baseline") or {}
+    if gb.get("accuracy") is not None and base.get("majority_accuracy") is not None \
+            and gb["accuracy"] <= base["majority_accuracy"]:
+        # a classifier no better than predicting the majority class has gaps near 0 by construction
+        return Section("fairness", TITLE, "not graded", "none until the classifier beats the trivial baseline (see "
+                       "Utility)", figures, [table], notes=["not graded: the gradient-boosting classifier trained on "
+                       "synthetic rows is no more accurate than predicting the majority class, so its small gaps say "
+                       "nothing about fairness"])
     grade = fairness_grade(worst)
     action = ("turn on (or tighten) the fairness terms (fairness.lambda_dp, generation.fairness.max_dp_gap)"
               if grade in ("C", "D") else "none")
