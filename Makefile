@@ -38,6 +38,7 @@ demo: install
 	$(BIN)/python -m ray_jobs.actg --summary $(DEMO_RUN)
 
 test: install
+	bash scripts/ensure_chromium.sh  # tests/test_report.py renders the report in headless Chromium
 	bash scripts/run_tests.sh
 
 # Opt-in: every pipeline submitted to a two-node Ray cluster on this machine, resumes, a node killed mid-DP-SGD.

@@ -109,3 +109,21 @@ def test_plots_and_evaluate_texts(tmp_path, corpus, embedder):
     assert set(m) >= {"synthetic", "real", "mauve", "downstream", "ifacc", "plots"}
     assert m["synthetic"]["max_words"] <= 40 < m["real"]["mean_words"]
     assert not list(tmp_path.rglob(".*.png"))
+
+
+def test_mauve_with_spread_at_the_minimum_and_not_enough_texts_below(biorxiv_csv, embedder):
+    """ACTG's MAUVE over three k-means seeds (mean, sd, each value, counts, buckets) at the measured minimum of
+    texts a side; one text fewer and it is "not enough texts", with no number (issue 38)."""
+    from dpsynth_core.actg.evaluation import mauve_with_spread
+    from dpsynth_core.data.sample_sizes import MAUVE_MIN_TEXTS
+
+    texts = pd.read_csv(biorxiv_csv, usecols=["abstract"]).abstract.str[:300].tolist()
+    real, synth = texts[:MAUVE_MIN_TEXTS], texts[MAUVE_MIN_TEXTS: 2 * MAUVE_MIN_TEXTS]
+    m = mauve_with_spread(real, synth, embedder)
+    assert len(m["values"]) == 3 and m["kmeans_seeds"] == [1, 2, 3] and m["num_buckets"] == MAUVE_MIN_TEXTS // 10
+    assert m["n_real"] == m["n_synthetic"] == MAUVE_MIN_TEXTS
+    assert m["mauve"] == pytest.approx(np.mean(m["values"])) and 0.5 < m["mauve"] <= 1.0
+    assert m["sd_over_kmeans_seeds"] == pytest.approx(np.std(m["values"]))
+    few = mauve_with_spread(real, synth[:-1], embedder)
+    assert few == {"mauve": None, "status": "not enough texts", "n_real": MAUVE_MIN_TEXTS,
+                   "n_synthetic": MAUVE_MIN_TEXTS - 1, "min_texts": MAUVE_MIN_TEXTS}

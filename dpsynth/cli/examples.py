@@ -33,6 +33,7 @@ EXAMPLES: dict[str, list[str]] = {
     "serve stop": ["dpsynth serve stop"],
     "eval": ["dpsynth eval tabular --run runs/dpfair_demo --real-train train.csv --real-test test.csv"],
     "eval tabular": ["dpsynth eval tabular --run runs/dpfair_demo --real-train train.csv --real-test test.csv --out eval_demo"],
+    "report": ["dpsynth report runs/actg_demo"],
     "jobs": ["dpsynth jobs list"],
     "jobs list": ["dpsynth jobs list --address http://127.0.0.1:8265"],
     "jobs status": ["dpsynth jobs status raysubmit_XXXX"],

@@ -20,6 +20,7 @@ import dpsynth.cli.ledger as ledger
 import dpsynth.cli.models as models
 import dpsynth.cli.privacy as privacy
 import dpsynth.cli.release as release
+import dpsynth.cli.report as report
 import dpsynth.cli.run as run
 import dpsynth.cli.serve as serve
 import dpsynth.cli.train as train
@@ -73,6 +74,7 @@ def _usage_error_types() -> tuple[type[BaseException], ...]:
         pass
     return tuple(types)
 _app.command("release")(release.release)
+_app.command("report")(report.report)
 
 
 def cli_command():

@@ -62,8 +62,12 @@ def _run(pipeline: str, config: Path, fresh: bool, check: bool) -> None:
         return
     from dpsynth.api import METHODS
 
-    for line in METHODS[pipeline].from_yaml(config).run(fresh=fresh, cluster="auto").summary_lines():
+    from dpsynth.cli.report import report_after_run
+
+    run = METHODS[pipeline].from_yaml(config).run(fresh=fresh, cluster="auto")
+    for line in run.summary_lines():
         typer.echo(line)
+    typer.echo(report_after_run(run.run_dir))  # the owner-side report and the release's cards
 
 
 @app.command()

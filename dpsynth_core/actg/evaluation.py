@@ -39,9 +39,13 @@ MAUVE_SEEDS = (1, 2, 3)
 
 
 def mauve_with_spread(real_texts, texts, emb) -> dict:
-    """MAUVE over k-means seeds: mean, sd, each value, n of each side and the bucket count."""
+    """MAUVE over k-means seeds: mean, sd, each value, n of each side and the bucket count; "not enough texts"
+    (no number) below the measured minimum on either side (``data.sample_sizes``)."""
     from dpsynth_core.actg import text_eval
+    from dpsynth_core.data.sample_sizes import enough_for_mauve, mauve_not_enough
 
+    if not enough_for_mauve(len(real_texts), len(texts)):
+        return mauve_not_enough(len(real_texts), len(texts))
     runs = [text_eval.mauve_score(real_texts, texts, embedder=emb, seed=s) for s in MAUVE_SEEDS]
     values = [r["mauve"] for r in runs]
     return {"mauve": float(np.mean(values)), "sd_over_kmeans_seeds": float(np.std(values)), "values": values,

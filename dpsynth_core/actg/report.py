@@ -13,16 +13,27 @@ def _f(x) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
+def _mauve(mauve: dict) -> str:
+    """MAUVE with its sample sizes, or "not enough texts" below the measured minimum (docs/report.md)."""
+    if not mauve:
+        return "MAUVE not computed"
+    n = f"(n = {mauve.get('n_synthetic')} synthetic, {mauve.get('n_real')} real)"
+    if mauve.get("mauve") is None:
+        return f"MAUVE {mauve.get('status', 'not computed')} {n}, minimum {mauve.get('min_texts')}"
+    sd = mauve.get("sd_over_kmeans_seeds")
+    return f"MAUVE {_f(mauve['mauve'])}" + (f" ± {_f(sd)}" if sd is not None else "") + f" {n}"
+
+
 def _system_line(name: str, s: dict) -> str:
-    mauve = s.get("mauve") or {}
     down = s.get("downstream") or {}
     parts = [f"{name}: {s.get('n_texts', 0)} texts",
              f"IFAcc judge {_f(s.get('ifacc_judge'))} / reward {_f(s.get('ifacc_reward'))}",
              f"d_JS(text attributes, 1-way) {_f((s.get('djs_text') or {}).get('1way_mean'))}",
-             f"MAUVE {_f(mauve.get('mauve'))}" + (f" ± {_f(mauve['sd_over_kmeans_seeds'])}"
-                                                   if mauve.get("sd_over_kmeans_seeds") is not None else "")]
-    if down:
-        parts.append(f"downstream macro-F1 {_f(down.get('macro_f1'))} (majority {_f(down.get('majority_baseline'))})")
+             _mauve(s.get("mauve") or {})]
+    if down:  # each figure beside its trivial baseline on the same metric
+        parts.append(f"downstream (n = {down.get('n_train')} train, {down.get('n_test')} test) accuracy "
+                     f"{_f(down.get('accuracy'))} (majority class {_f(down.get('majority_baseline'))}), macro-F1 "
+                     f"{_f(down.get('macro_f1'))} (constant predictor {_f(down.get('constant_macro_f1'))})")
     return "  " + "; ".join(parts)
 
 

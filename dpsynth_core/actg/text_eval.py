@@ -22,6 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
+from dpsynth_core.data.sample_sizes import constant_macro_f1, enough_for_mauve, mauve_not_enough
 from dpsynth_core.errors import DataError
 
 
@@ -128,7 +129,8 @@ def downstream_classifier(train_texts: Sequence[str], train_labels: Sequence[str
     return {
         "accuracy": float(accuracy_score(y_test, pred)),
         "macro_f1": float(f1_score(y_test, pred, average="macro", zero_division=0)),
-        "majority_baseline": float(majority),
+        "majority_baseline": float(majority),  # beside accuracy
+        "constant_macro_f1": float(constant_macro_f1(list(y_test))),  # beside macro-F1 (the same metric)
         "n_train": len(y_train), "n_test": len(y_test),
         "n_train_classes": len(classes), "n_test_classes": len(set(y_test)),
     }
@@ -255,7 +257,9 @@ def evaluate_texts(synth_texts: Sequence[str], real_texts: Sequence[str], *, emb
 
         embedder = load_embedder(embedder or "minilm")
     metrics: dict = {"synthetic": text_stats(synth_texts), "real": text_stats(real_texts)}
-    metrics["mauve"] = mauve_score(real_texts, synth_texts, embedder=embedder)
+    metrics["mauve"] = (mauve_score(real_texts, synth_texts, embedder=embedder)
+                        if enough_for_mauve(len(real_texts), len(synth_texts))
+                        else mauve_not_enough(len(real_texts), len(synth_texts)))
     if synth_labels is not None and real_labels is not None:
         metrics["downstream"] = downstream_classifier(synth_texts, synth_labels, real_texts, real_labels,
                                                       embedder=embedder)

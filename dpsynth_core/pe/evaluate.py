@@ -49,12 +49,19 @@ def mauve_score(p_emb: np.ndarray, q_emb: np.ndarray, seed: int = 0) -> float:
 def evaluate_synthetic(synth_emb: np.ndarray, synth_labels: list[str], test_emb: np.ndarray,
                        test_labels: list[str], *, with_mauve: bool = True, seed: int = 0) -> dict:
     """All metrics of one synthetic set against the real held-out set."""
+    from dpsynth_core.data.sample_sizes import enough_for_mauve, majority_accuracy, mauve_not_enough
+
     out = {
         "n_train": int(len(synth_labels)),
+        "n_test": int(len(test_labels)),
         "accuracy": downstream_accuracy(synth_emb, synth_labels, test_emb, test_labels, seed),
+        "majority_baseline": majority_accuracy(list(test_labels)),  # the trivial baseline beside accuracy
         "fid": frechet_distance(synth_emb, test_emb) if len(synth_emb) > 1 else float("nan"),
     }
-    if with_mauve:
+    if with_mauve and not enough_for_mauve(len(test_emb), len(synth_emb)):
+        gate = mauve_not_enough(len(test_emb), len(synth_emb))
+        out.update(mauve=None, mauve_status=gate["status"], mauve_min_texts=gate["min_texts"])
+    elif with_mauve:
         try:
             out["mauve"] = mauve_score(synth_emb, test_emb, seed)
         except Exception as exc:  # MAUVE needs enough points; report why it is missing

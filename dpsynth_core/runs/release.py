@@ -89,8 +89,34 @@ def rebuild_release(run_dir: str | Path, ledger, *, timestamps: bool = False) ->
     ledger holds the selection event, so what is published states the selection's epsilon."""
     old = verify_files(run_dir)
     root = release_dir(run_dir)
-    outputs = {name: root / name for name in old["files"] if name not in (LEDGER_JSON, LEDGER_TEXT)}
+    outputs = {name: root / name for name in old["files"] if name not in (LEDGER_JSON, LEDGER_TEXT, *CARD_FILES)}
     return write_release(run_dir, outputs, ledger=ledger, method=old["method"], timestamps=timestamps)
+
+
+# Files that state the ledger's guarantee in words (the cards): a rebuild around another ledger drops them, and
+# ``report.write_report`` writes them again from the new manifest, so a card never states a stale epsilon.
+CARD_FILES = ("README.md", "MODEL_CARD.md")
+
+
+def add_to_release(run_dir: str | Path, items: Mapping[str, str | Path]) -> Path:
+    """Add (or replace) ``items`` (name in the release -> file or directory) in a written ``release/``, after
+    checking its files against the old manifest; the manifest keeps every other key and lists the new hashes."""
+    old = verify_files(run_dir)
+    root = release_dir(run_dir)
+
+    def build(staging: Path) -> None:
+        shutil.copytree(root, staging, dirs_exist_ok=True)
+        for name, src in items.items():
+            src, dst = Path(src), staging / name
+            if dst.is_dir():
+                shutil.rmtree(dst)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+        manifest = {**old, "files": {str(p.relative_to(staging)): _sha256(p) for p in _files(staging)
+                                     if p.name != MANIFEST_FILE or p.parent != staging}}
+        (staging / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+
+    return atomic_dir(root, build)
 
 
 def read_manifest(run_dir: str | Path) -> dict:

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dpsynth_core.data.sample_sizes import constant_f1_positive, constant_macro_f1, majority_accuracy
 from dpsynth_core.errors import DataError
 from dpsynth_core.tabular.schema import TableSchema
 
@@ -72,6 +73,39 @@ def marginal_tvd(synth: pd.DataFrame, real: pd.DataFrame, schema: TableSchema) -
     return {"tvd_1way_mean": float(np.mean(list(one.values()))), "tvd_2way_mean": float(np.mean(list(two.values()))),
             "jsd_1way_mean": float(np.mean(list(jsd_one.values()))), "jsd_2way_mean": float(np.mean(list(jsd_two.values()))),
             "tvd_1way": one, "tvd_2way": two, "jsd_1way": jsd_one, "jsd_2way": jsd_two}
+
+
+def column_shares(synth: pd.DataFrame, real: pd.DataFrame, schema: TableSchema) -> dict:
+    """Each column's distribution (shares per category / schema bin), real beside synthetic: the report's plot
+    per column (aggregates over at least the table's rows, owner-side like every figure here)."""
+    s, r = _binned(synth, schema), _binned(real, schema)
+    out = {}
+    for c in schema.names:
+        ps, pr = s[c].value_counts(normalize=True), r[c].value_counts(normalize=True)
+        keys = sorted(pr.index.union(ps.index), key=str)
+        out[c] = {"values": [k if isinstance(k, str) else int(k) for k in keys],
+                  "real": [float(pr.get(k, 0.0)) for k in keys], "synthetic": [float(ps.get(k, 0.0)) for k in keys]}
+    return out
+
+
+def associations(synth: pd.DataFrame, real: pd.DataFrame, schema: TableSchema) -> dict:
+    """Cramér's V of every column pair (numeric columns in their schema bins), real and synthetic: the report's
+    correlation heatmaps (0 = independent, 1 = one column determines the other)."""
+    from scipy.stats import chi2_contingency
+
+    def matrix(binned: pd.DataFrame) -> list[list[float]]:
+        names = schema.names
+        out = [[1.0 if i == j else 0.0 for j in range(len(names))] for i in range(len(names))]
+        for i, j in itertools.combinations(range(len(names)), 2):
+            table = pd.crosstab(binned[names[i]].astype(str), binned[names[j]].astype(str))
+            k = min(table.shape) - 1
+            if k > 0:
+                chi2 = chi2_contingency(table, correction=False)[0]
+                out[i][j] = out[j][i] = float(np.sqrt(chi2 / (table.to_numpy().sum() * k)))
+        return out
+
+    return {"columns": list(schema.names), "real": matrix(_binned(real, schema)),
+            "synthetic": matrix(_binned(synth, schema))}
 
 
 def encode_matrix(df: pd.DataFrame, schema: TableSchema, exclude: tuple[str, ...] = ()) -> np.ndarray:
@@ -142,6 +176,9 @@ def tstr(synth: pd.DataFrame, real_test: pd.DataFrame, schema: TableSchema, seed
                 eo.append(equalized_odds_difference(truth.astype(int), hit.astype(int), sensitive_features=sf))
             res[f"dp_diff_{a}"], res[f"eo_diff_{a}"] = float(np.nanmax(dp)), float(np.nanmax(eo))
         results[name] = res
+    # the trivial baselines on the same metrics and test rows (docs/report.md): every TSTR figure is shown beside them
+    results["baseline"] = {"majority_accuracy": majority_accuracy(list(y_te)), "n_test": int(len(y_te)),
+                           "constant_f1": constant_f1_positive(list(y_te)) if binary else constant_macro_f1(list(y_te))}
     return results
 
 
@@ -164,6 +201,7 @@ def privacy_metrics(synth: pd.DataFrame, train: pd.DataFrame, holdout: pd.DataFr
     scores = -np.concatenate([d_mem, d_non])
     labels = np.concatenate([np.ones(len(d_mem)), np.zeros(len(d_non))])
     return {
+        "n_members": int(n), "n_synthetic": int(len(synth)),
         "dcr_synth_median": float(np.median(dcr_synth)),
         "dcr_holdout_median": float(np.median(dcr_holdout)),
         "dcr_synth_exact_match_rate": float(np.mean(dcr_synth < 1e-9)),
@@ -262,7 +300,10 @@ def evaluate_table(
     synth = schema.validate_frame(synth, "synthetic")
     real_train = schema.validate_frame(real_train, "real train")
     real_test = schema.validate_frame(real_test, "real test")
-    report: dict = {"n_synthetic": len(synth), "fidelity": marginal_tvd(synth, real_train, schema)}
+    report: dict = {"n_synthetic": len(synth), "n_real_train": len(real_train), "n_real_test": len(real_test),
+                    "fidelity": marginal_tvd(synth, real_train, schema)}
+    report["marginals"] = column_shares(synth, real_train, schema)
+    report["associations"] = associations(synth, real_train, schema)
     if schema.target is not None:
         report["tstr"] = tstr(synth, real_test, schema, seed)
     if privacy:
@@ -286,6 +327,9 @@ def summary_row(report: dict, sensitive: str) -> dict:
     """The headline numbers of a report (for tables)."""
     lr, gb = report["tstr"]["logreg"], report["tstr"]["gboost"]
     return {
+        "n_synthetic": report.get("n_synthetic"), "n_test": report["tstr"].get("baseline", {}).get("n_test"),
+        "majority_acc": report["tstr"].get("baseline", {}).get("majority_accuracy"),
+        "constant_f1": report["tstr"].get("baseline", {}).get("constant_f1"),
         "acc_lr": lr["accuracy"], "f1_lr": lr["f1"], "acc_gb": gb["accuracy"], "f1_gb": gb["f1"],
         "dp_diff_lr": lr[f"dp_diff_{sensitive}"], "eo_diff_lr": lr[f"eo_diff_{sensitive}"],
         "dp_diff_gb": gb[f"dp_diff_{sensitive}"], "eo_diff_gb": gb[f"eo_diff_{sensitive}"],
