@@ -16,7 +16,7 @@ from vllm_gate import require_vllm
 
 from dpsynth_core.engines.vllm_cpu import cpu_dtype
 from dpsynth_core.errors import ConfigError
-from ray_jobs.batch_generate import BatchGenerateConfig
+from ray_jobs.batch_generate import BatchGenerateConfig, resolve_runner
 from serving.config import ModelDeploymentConfig, ServeConfig
 from serving.ray_llm import check_supported, llm_config_kwargs
 
@@ -59,7 +59,11 @@ def test_ray_llm_app_refuses_what_it_cannot_honour(monkeypatch) -> None:
 def test_ray_data_llm_runner_is_vllm_only(tmp_path) -> None:
     with pytest.raises(ValueError, match="vLLM only"):
         BatchGenerateConfig(prompt="p", runner="ray_data_llm", engine="hf", output_dir=tmp_path)
-    assert BatchGenerateConfig(prompt="p", output_dir=tmp_path).runner == "actors"
+    assert BatchGenerateConfig(prompt="p", output_dir=tmp_path).runner == "auto"
+    # auto: actors where the engine is HF, and always for constrained rows (their logits processor)
+    assert resolve_runner(BatchGenerateConfig(prompt="p", model="tiny-llama", output_dir=tmp_path)) == "actors"
+    assert resolve_runner(BatchGenerateConfig(prompt="p", logits_processor="m:f", output_dir=tmp_path)) == "actors"
+    assert resolve_runner(BatchGenerateConfig(prompt="p", engine="hf", output_dir=tmp_path)) == "actors"
 
 
 # --- vLLM (installed by make install; skipped only where it could not be, failed under CI) ----------
