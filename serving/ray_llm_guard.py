@@ -9,6 +9,7 @@ layer, wrapped around its FastAPI app inside the ingress replica (serving.ray_ll
   the caps of ``limits`` (400 naming the field, never the value);
 - ``limits.request_timeout_s`` per request (504, the request is cancelled);
 - 503 + ``Retry-After`` once a model has as many requests in flight as its capacity;
+- Ray's 400 for a malformed body stripped of the input it copies into ``error.param``;
 - ``/health`` (liveness) and ``/ready`` (503 while a model is saturated or its LLMServer does not
   answer a health check within ``http.ready_probe_timeout_s``).
 """
@@ -39,6 +40,20 @@ async def _send_json(send, status: int, payload: dict, headers: dict | None = No
 async def _json_response(send, status: int, message: str, kind: str, headers: dict | None = None) -> None:
     """An OpenAI-shaped error: the message names the field or limit, never a value from the body."""
     await _send_json(send, status, {"error": {"message": message, "type": kind, "param": None, "code": None}}, headers)
+
+
+async def _send_scrubbed(send, start: dict, body: bytes) -> None:
+    """Ray's 400 answer without the input value its validation handler copies into ``error.param``."""
+    try:
+        payload = json.loads(body)
+        payload["error"]["param"] = None
+        body = json.dumps(payload).encode()
+    except (ValueError, KeyError, TypeError):
+        body = json.dumps({"error": {"message": "invalid request", "type": "invalid_request_error",
+                                     "param": None, "code": None}}).encode()
+    headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+    await send({**start, "headers": headers + [(b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 def _route(scope) -> str:
@@ -149,10 +164,21 @@ class RayLLMGuard:
                                  f"retry in {retry} s", "overloaded_error", {"Retry-After": str(retry)})
             return
         started = {"flag": False}
+        held: dict = {}
 
         async def tracked_send(message) -> None:
+            # Ray's 400 for a malformed body puts the offending input in `param`: held back and scrubbed
             if message["type"] == "http.response.start":
                 started["flag"] = True
+                if message["status"] == 400:
+                    held.update(start=message, body=b"")
+                    return
+            elif held:
+                held["body"] += message.get("body", b"")
+                if message.get("more_body"):
+                    return
+                await _send_scrubbed(send, held["start"], held["body"])
+                return
             await send(message)
 
         if model in self.in_flight:

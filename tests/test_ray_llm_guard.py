@@ -121,6 +121,20 @@ def test_auto_app_keeps_dpsynth_where_vllm_cannot_run_the_model() -> None:
     assert resolve_app(ServeConfig(app="ray_llm", models=[{"name": "a", "model": "tiny-llama"}])).app == "ray_llm"
 
 
+def test_ray_validation_answer_loses_the_input_it_echoes() -> None:
+    async def ray_400(scope, receive, send):  # as Ray's handler answers a malformed field
+        await receive()
+        body = json.dumps({"error": {"message": "Invalid request format: bad at ('body', 'prompt')",
+                                     "param": "SECRET PROMPT", "code": "invalid_parameter"}}).encode()
+        await send({"type": "http.response.start", "status": 400,
+                    "headers": [(b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    status, headers, body = asyncio.run(_call(_guard(ray_400), "/v1/completions", _completion()))
+    assert status == 400 and body["error"]["param"] is None and "SECRET" not in json.dumps(body)
+    assert int(headers[b"content-length"]) == len(json.dumps(body).encode())
+
+
 @pytest.mark.parametrize("path", ["/v1/models", "/tokenize"])
 def test_other_routes_pass_through_under_the_key(path) -> None:
     inner = _StandIn()
