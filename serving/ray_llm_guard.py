@@ -6,7 +6,8 @@ layer, wrapped around its FastAPI app inside the ingress replica (serving.ray_ll
 
 - ``Authorization: Bearer <key>`` compared by SHA-256 digest when ``http.api_key_env`` is set (401);
 - bodies capped on the stream (413, serving.body_cap) and completion / chat bodies checked against
-  the caps of ``limits`` (400 naming the field, never the value);
+  the caps of ``limits`` (400 naming the field, never the value) and for fields Ray's schema does
+  not declare (422: it would accept and ignore them);
 - ``limits.request_timeout_s`` per request (504, the request is cancelled);
 - 503 + ``Retry-After`` once a model has as many requests in flight as its capacity;
 - Ray's 400 for a malformed body stripped of the input it copies into ``error.param``;
@@ -83,8 +84,11 @@ class RayLLMGuard:
     model's LLMServer health check."""
 
     def __init__(self, app, config: ServeConfig, api_key_sha256: str | None,
-                 ping: Callable[[str], Awaitable[None]]) -> None:
+                 ping: Callable[[str], Awaitable[None]], known_fields: dict[str, frozenset[str]] | None = None) -> None:
         self.app = app
+        # per route, the body fields Ray's request schema declares: it accepts (and ignores) any other,
+        # so a misspelt option would silently do nothing; refused here as the dpsynth app does (422)
+        self.known_fields = known_fields or {}
         self.config, self.limits = config, config.limits
         self.api_key_sha256 = api_key_sha256
         self.ping = ping
@@ -136,6 +140,12 @@ class RayLLMGuard:
             body = json.loads(raw or b"{}")
         except ValueError:
             body = None
+        known = self.known_fields.get(path)
+        unknown = sorted(k for k in body if k not in known) if known and isinstance(body, dict) else []
+        if unknown:
+            await _json_response(send, 422, f"invalid request: '{unknown[0]}': extra inputs are not permitted",
+                                 "invalid_request_error")
+            return
         if isinstance(body, dict):  # anything else is left to Ray's schema (422 / 400)
             model, prompts, max_tokens, n = _request_shape(path, body)
             try:

@@ -20,6 +20,16 @@ from serving.config import ServeConfig
 from serving.ray_llm_guard import RayLLMGuard
 
 
+def _known_fields() -> dict[str, frozenset[str]]:
+    """The body fields (names and aliases) of Ray's completion and chat request schemas."""
+    from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, CompletionRequest
+
+    def names(schema) -> frozenset[str]:
+        return frozenset(n for name, f in schema.model_fields.items() for n in (name, f.alias) if n)
+
+    return {"/v1/completions": names(CompletionRequest), "/v1/chat/completions": names(ChatCompletionRequest)}
+
+
 class RayLLMIngress(OpenAiIngress):
     """Ray's OpenAI ingress; ``serve_config`` / ``api_key_sha256`` come as ``ingress_extra_kwargs``."""
 
@@ -32,7 +42,7 @@ class RayLLMIngress(OpenAiIngress):
     def _set_asgi_app(self, app) -> None:
         # runs after __init__ (Serve's wrapper calls the user constructor first, then hands over the app)
         if getattr(self, "_serve_config", None) is not None:
-            app = RayLLMGuard(app, self._serve_config, self._api_key_sha256, self._ping)
+            app = RayLLMGuard(app, self._serve_config, self._api_key_sha256, self._ping, _known_fields())
         super()._set_asgi_app(app)
 
     async def _ping(self, model: str) -> None:

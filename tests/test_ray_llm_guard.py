@@ -39,7 +39,9 @@ def _guard(inner, ping=None, **limits) -> RayLLMGuard:
     async def answers(_model):
         return None
 
-    return RayLLMGuard(inner, config, hashlib.sha256(KEY.encode()).hexdigest(), ping or answers)
+    known = {"/v1/completions": frozenset({"model", "prompt", "max_tokens", "n"}),
+             "/v1/chat/completions": frozenset({"model", "messages", "max_tokens", "n"})}
+    return RayLLMGuard(inner, config, hashlib.sha256(KEY.encode()).hexdigest(), ping or answers, known)
 
 
 async def _call(guard, path: str, body: dict | None = None, key: str | None = KEY, method: str = "POST"):
@@ -78,6 +80,9 @@ def test_key_and_caps_are_checked_before_the_engine_sees_a_request() -> None:
     assert status == 400 and "'n'" in body["error"]["message"] and "SECRET" not in json.dumps(body)
     status, _, body = asyncio.run(_call(guard, "/v1/completions", _completion(prompt="x" * 4000)))
     assert status == 413 and "max_body_bytes" in body["error"]["message"]
+    status, _, body = asyncio.run(_call(guard, "/v1/completions", _completion(bogus_field=1)))
+    assert status == 422 and "'bogus_field'" in body["error"]["message"]
+    assert asyncio.run(_call(guard, "/v1/completions", _completion(prompt=["ok", "  \n "])))[0] == 400
     assert inner.bodies == []  # none of the refused requests reached Ray's app
     status, _, _ = asyncio.run(_call(guard, "/v1/completions", _completion()))
     assert status == 200 and json.loads(inner.bodies[0]) == _completion()  # the body reaches it unchanged
