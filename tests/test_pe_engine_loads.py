@@ -48,5 +48,6 @@ def test_each_plm_engine_loads_once_and_serves_every_iteration(biorxiv_csv, tmp_
     history = json.loads((run_dir / "metrics.json").read_text())["history"]
     assert [r["iteration"] for r in history] == [0, 1, 2]  # the initial round and 2 DP iterations ran
     assert len(loads) == 2  # one engine per PLM for the whole run, not one per iteration
-    assert sorted(generations) == [1, 2] and all(calls >= 3 for calls in generations.values())  # each served 3 rounds
+    # both engines generated, over the 3 rounds together (a round may give a PLM no prompts: its weight)
+    assert sorted(generations) == [1, 2] and sum(generations.values()) >= 3
     assert sorted(closes) == [1, 2]  # and each closed once, at the end
