@@ -68,12 +68,12 @@ def _request_shape(path: str, body: dict) -> tuple[str | None, list[str], int, i
     model = body.get("model") if isinstance(body.get("model"), str) else None
     n = body.get("n") if isinstance(body.get("n"), int) else 1
     if path.endswith("/chat/completions"):
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 16
+        max_tokens = next((body[k] for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None), 16)
         messages = body.get("messages") if isinstance(body.get("messages"), list) else []
         contents = [m.get("content") for m in messages if isinstance(m, dict)]
         prompts = ["".join(c if isinstance(c, str) else json.dumps(c) for c in contents)]
     else:
-        max_tokens = body.get("max_tokens") or 16
+        max_tokens = body["max_tokens"] if body.get("max_tokens") is not None else 16
         prompt = body.get("prompt", "")
         prompts = [prompt] if isinstance(prompt, str) else [p if isinstance(p, str) else json.dumps(p) for p in prompt]
     return model, prompts, max_tokens if isinstance(max_tokens, int) else 16, n
@@ -149,6 +149,9 @@ class RayLLMGuard:
         if isinstance(body, dict):  # anything else is left to Ray's schema (422 / 400)
             model, prompts, max_tokens, n = _request_shape(path, body)
             try:
+                for name, value in (("max_tokens", max_tokens), ("n", n)):
+                    if value < 1:  # the engine would fail on it (a 500), not name the field
+                        raise RequestLimitError(f"'{name}': must be at least 1")
                 check_limits(self.limits, prompts=prompts, max_new_tokens=max_tokens, n=n)
                 check_work(self.limits, prompts=len(prompts), max_new_tokens=max_tokens, n=n)
             except RequestLimitError as exc:

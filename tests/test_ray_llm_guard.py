@@ -83,6 +83,8 @@ def test_key_and_caps_are_checked_before_the_engine_sees_a_request() -> None:
     status, _, body = asyncio.run(_call(guard, "/v1/completions", _completion(bogus_field=1)))
     assert status == 422 and "'bogus_field'" in body["error"]["message"]
     assert asyncio.run(_call(guard, "/v1/completions", _completion(prompt=["ok", "  \n "])))[0] == 400
+    status, _, body = asyncio.run(_call(guard, "/v1/completions", _completion(max_tokens=0)))
+    assert status == 400 and "'max_tokens': must be at least 1" in body["error"]["message"]
     assert inner.bodies == []  # none of the refused requests reached Ray's app
     status, _, _ = asyncio.run(_call(guard, "/v1/completions", _completion()))
     assert status == 200 and json.loads(inner.bodies[0]) == _completion()  # the body reaches it unchanged
