@@ -150,7 +150,7 @@ class RayLLMGuard:
             model, prompts, max_tokens, n = _request_shape(path, body)
             try:
                 for name, value in (("max_tokens", max_tokens), ("n", n)):
-                    if value < 1:  # the engine would fail on it (a 500), not name the field
+                    if value < 1:  # refused here, naming the field, before the engine sees it
                         raise RequestLimitError(f"'{name}': must be at least 1")
                 check_limits(self.limits, prompts=prompts, max_new_tokens=max_tokens, n=n)
                 check_work(self.limits, prompts=len(prompts), max_new_tokens=max_tokens, n=n)
