@@ -13,6 +13,7 @@ Resumable: a shard is written atomically (temp name, then rename) and skipped on
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -27,6 +28,8 @@ from dpsynth_core.config import BATCH_CAP, NEW_TOKENS_CAP, StrictConfig, cap, lo
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.runs.storage import RunDirPath, require_durable_run_dir
 from ray_jobs.cluster import ensure_ray
+
+log = logging.getLogger(__name__)
 
 
 class BatchGenerateConfig(StrictConfig):
@@ -46,8 +49,10 @@ class BatchGenerateConfig(StrictConfig):
     logits_processor: str | None = None
     # auto: vLLM where installed and it runs the model (and no logits_processor is set), else HF generate
     engine: Literal["auto", "vllm", "hf"] = "auto"
-    # actors: our engine mapped over the rows; ray_data_llm: Ray's own vLLM processor (ray.data.llm)
-    runner: Literal["actors", "ray_data_llm"] = "actors"
+    # auto: ray_data_llm where the engine resolves to vLLM, else actors (resolve_runner says which and why);
+    # actors: our engine mapped over the rows (the only one for constrained rows: their logits processor
+    # runs in HF generate); ray_data_llm: Ray's own vLLM processor (ray.data.llm)
+    runner: Literal["auto", "actors", "ray_data_llm"] = "auto"
     num_actors: Annotated[int, cap(1024, 'generator actors')] = Field(1, gt=0)
     batch_size: Annotated[int, BATCH_CAP] = Field(16, gt=0)
     cpus_per_actor: float = Field(1.0, gt=0)
@@ -78,6 +83,24 @@ class BatchGenerateConfig(StrictConfig):
                             backend="hf" if self.logits_processor else self.engine,
                             hf_batch_size=self.batch_size, torch_threads=max(1, int(self.cpus_per_actor)),
                             max_model_len=2048 + self.max_new_tokens, device=self.device, dtype=self.dtype)
+
+
+def resolve_runner(config: BatchGenerateConfig) -> str:
+    """``runner: auto`` made concrete, in one line: Ray's ``ray_data_llm`` where the model's engine
+    resolves to vLLM (dpsynth_core.engines.factory decides), else ``actors``."""
+    if config.runner != "auto":
+        return config.runner
+    if config.logits_processor:
+        log.warning("batch runner: actors (ray_data_llm not used: constrained rows need their transformers "
+                    "logits processor, which only the HF engine on the actors runner applies)")
+        return "actors"
+    from dpsynth_core.engines.factory import resolve_backend
+
+    if resolve_backend(config.engine_config()) == "vllm":
+        log.warning("batch runner: ray_data_llm (ray.data.llm on vLLM)")
+        return "ray_data_llm"
+    log.warning("batch runner: actors (ray_data_llm not used: the engine for model '%s' is hf)", config.model)
+    return "actors"
 
 
 def load_prompts(config: BatchGenerateConfig) -> list[str]:
@@ -137,6 +160,7 @@ def run(config: BatchGenerateConfig) -> dict:
     from tqdm import tqdm
 
     prompts = load_prompts(config)
+    config = config.model_copy(update={"runner": resolve_runner(config)})
     config.output_dir.mkdir(parents=True, exist_ok=True)
     n_shards = (len(prompts) + config.shard_size - 1) // config.shard_size
     todo = [i for i in range(n_shards) if not _shard_path(config, i).exists()]

@@ -163,7 +163,9 @@ def deploy_serve_plms(plms: Sequence[PLMConfig], max_new_tokens: int = 512, app_
 
     names = serve_deployment_names(plms)
     config = ServeConfig(
-        app_name=app_name,
+        # PE's PLMs keep the dpsynth app (its Generator replicas, as measured for PE); `auto` is for
+        # `dpsynth serve start`, where Ray's app serves HTTP clients
+        app_name=app_name, app="dpsynth",
         models=[{"name": n, "model": p.model, "max_batch_size": p.batch_size, "num_cpus": r.cpus,
                  "num_gpus": r.gpus or 0, "torch_threads": p.num_threads, "max_ongoing_requests": 1024,
                  "backend": p.engine, "device": p.device, "dtype": p.dtype}

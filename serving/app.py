@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 
@@ -17,6 +18,8 @@ from dpsynth_core.errors import ConfigError
 from serving.config import ModelDeploymentConfig, ServeConfig
 from serving.deployments import BestOfN, Generator, MultiPLMRouter
 from serving.openai_api import OpenAIIngress
+
+log = logging.getLogger(__name__)
 
 
 def generator_deployment_name(model_name: str) -> str:
@@ -53,6 +56,36 @@ def _generator_options(model: ModelDeploymentConfig, retry_after_s: int) -> dict
     else:
         options["num_replicas"] = model.num_replicas
     return options
+
+
+def _ray_llm_unavailable_reason(config: ServeConfig) -> str | None:
+    """Why app 'ray_llm' cannot serve this config here (the first reason), or None when it can."""
+    from dpsynth_core.engines.factory import vllm_unsupported_reason
+    from serving.ray_llm import check_supported
+
+    try:
+        check_supported(config.model_copy(update={"app": "ray_llm"}))
+    except ConfigError as exc:
+        return str(exc)
+    for m in config.models:
+        reason = vllm_unsupported_reason(m.model, None if m.device == "auto" else m.device)
+        if reason is not None:
+            return f"model '{m.name}': {reason}"
+    return None
+
+
+def resolve_app(config: ServeConfig) -> ServeConfig:
+    """``app: auto`` made concrete: Ray's ``ray_llm`` app where vLLM runs every model (the engines'
+    factory decides), else the ``dpsynth`` app (HF replicas where vLLM cannot run); one line says which and why."""
+    if config.app != "auto":
+        return config
+    reason = _ray_llm_unavailable_reason(config)
+    if reason is None:
+        log.warning("serve app: ray_llm (ray.serve.llm on vLLM) for %s", ", ".join(config.model_names()))
+        return config.model_copy(update={"app": "ray_llm"})
+    # each model's backend then resolves as configured (auto: HF where vLLM cannot run it)
+    log.warning("serve app: dpsynth (ray_llm not used: %s)", reason)
+    return config.model_copy(update={"app": "dpsynth"})
 
 
 def build_generation_app(config: ServeConfig):
@@ -95,13 +128,14 @@ def deploy(config: ServeConfig, *, blocking: bool = False):
     else:
         serve.start(proxy_location="Disabled")
     route = config.http.route_prefix if config.http.enabled else None
+    config = resolve_app(config)
     if config.app == "ray_llm":
         from serving.ray_llm import build_ray_llm_app
         from serving.ray_llm_tools import build_ray_llm_tools_app, tools_app_name
 
         # Ray's OpenAI app takes the HTTP routes; Best-of-N and multi-PLM run over its engines in a
         # second app whose handle (the same API as the dpsynth app's) is returned
-        serve.run(build_ray_llm_app(config), name=config.app_name, route_prefix=route)
+        serve.run(build_ray_llm_app(config, api_key_digest(config)), name=config.app_name, route_prefix=route)
         return serve.run(build_ray_llm_tools_app(config), name=tools_app_name(config.app_name), route_prefix=None,
                          blocking=blocking)
     return serve.run(build_generation_app(config), name=config.app_name, route_prefix=route, blocking=blocking)
@@ -109,8 +143,8 @@ def deploy(config: ServeConfig, *, blocking: bool = False):
 
 def undeploy(config: ServeConfig) -> None:
     """Delete this app (other Serve apps on the cluster keep running)."""
-    if config.app == "ray_llm":
-        from serving.ray_llm_tools import tools_app_name
+    from serving.ray_llm_tools import tools_app_name
 
+    if config.app != "dpsynth" and tools_app_name(config.app_name) in serve.status().applications:
         serve.delete(tools_app_name(config.app_name))
     serve.delete(config.app_name)

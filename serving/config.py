@@ -146,9 +146,10 @@ class ServeConfig(StrictConfig):
     """The whole generation application."""
 
     app_name: str = "dpsynth-generation"
-    # dpsynth: our routes, Best-of-N, multi-PLM, API key and limits (HF or vLLM replicas);
-    # ray_llm: Ray's own OpenAI app on vLLM (ray.serve.llm; serving.ray_llm says what it lacks)
-    app: Literal["dpsynth", "ray_llm"] = "dpsynth"
+    # auto: ray_llm where vLLM runs every model, else dpsynth (serving.app.resolve_app says which, and why);
+    # ray_llm: Ray's own OpenAI app on vLLM (ray.serve.llm) with our key, limits and /ready in front;
+    # dpsynth: our own routes on HF or vLLM replicas (serving.openai_api says what only it does)
+    app: Literal["auto", "dpsynth", "ray_llm"] = "auto"
     models: list[ModelDeploymentConfig] = Field(min_length=1)
     http: HttpConfig = Field(default_factory=HttpConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)

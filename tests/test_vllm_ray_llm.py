@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import urllib.error
 import urllib.request
 
 import pandas as pd
@@ -15,7 +16,7 @@ from vllm_gate import require_vllm
 
 from dpsynth_core.engines.vllm_cpu import cpu_dtype
 from dpsynth_core.errors import ConfigError
-from ray_jobs.batch_generate import BatchGenerateConfig
+from ray_jobs.batch_generate import BatchGenerateConfig, resolve_runner
 from serving.config import ModelDeploymentConfig, ServeConfig
 from serving.ray_llm import check_supported, llm_config_kwargs
 
@@ -45,18 +46,24 @@ def test_llm_config_on_a_gpu_asks_for_one() -> None:
 
 def test_ray_llm_app_refuses_what_it_cannot_honour(monkeypatch) -> None:
     monkeypatch.setenv("E14_KEY", "secret")
-    with pytest.raises(ConfigError, match="API key"):
-        check_supported(ServeConfig(app="ray_llm", models=[{"name": "a"}], http={"api_key_env": "E14_KEY"}))
     with pytest.raises(ConfigError, match="vLLM only"):
         check_supported(ServeConfig(app="ray_llm", models=[{"name": "a", "backend": "hf"}]))
+    with pytest.raises(ConfigError, match="merged only"):
+        check_supported(ServeConfig(app="ray_llm", models=[{"name": "a", "adapter_dir": "/a", "merge_adapter": False}]))
     check_supported(ServeConfig(app="ray_llm", models=[{"name": "a"}]))  # the plain case passes
-    assert ServeConfig(models=[{"name": "a"}]).app == "dpsynth"
+    # the API key is now checked in front of Ray's routes (serving.ray_llm_guard): no longer refused
+    check_supported(ServeConfig(app="ray_llm", models=[{"name": "a"}], http={"api_key_env": "E14_KEY"}))
+    assert ServeConfig(models=[{"name": "a"}]).app == "auto"  # the default: ray_llm where vLLM runs
 
 
 def test_ray_data_llm_runner_is_vllm_only(tmp_path) -> None:
     with pytest.raises(ValueError, match="vLLM only"):
         BatchGenerateConfig(prompt="p", runner="ray_data_llm", engine="hf", output_dir=tmp_path)
-    assert BatchGenerateConfig(prompt="p", output_dir=tmp_path).runner == "actors"
+    assert BatchGenerateConfig(prompt="p", output_dir=tmp_path).runner == "auto"
+    # auto: actors where the engine is HF, and always for constrained rows (their logits processor)
+    assert resolve_runner(BatchGenerateConfig(prompt="p", model="tiny-llama", output_dir=tmp_path)) == "actors"
+    assert resolve_runner(BatchGenerateConfig(prompt="p", logits_processor="m:f", output_dir=tmp_path)) == "actors"
+    assert resolve_runner(BatchGenerateConfig(prompt="p", engine="hf", output_dir=tmp_path)) == "actors"
 
 
 # --- vLLM (installed by make install; skipped only where it could not be, failed under CI) ----------
@@ -74,15 +81,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _post(url: str, payload: dict) -> dict:
-    request = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+RAY_LLM_KEY = "ray-llm-test-key"
+
+
+def _post(url: str, payload: dict, key: str | None = RAY_LLM_KEY) -> dict:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(), headers=headers)
     with urllib.request.urlopen(request, timeout=900) as response:
         return json.loads(response.read())
 
 
-def test_ray_llm_app_serves_openai_and_runs_best_of_n_and_multi_plm(ray_with_vllm) -> None:
+def _status(url: str, payload: dict | None = None, key: str | None = RAY_LLM_KEY) -> int:
+    try:
+        if payload is None:
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=60) as response:
+                return response.status
+        _post(url, payload, key)
+        return 200
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_ray_llm_app_serves_openai_and_runs_best_of_n_and_multi_plm(ray_with_vllm, monkeypatch) -> None:
     """One deployment of Ray's app with our tools on top (one engine start per model, the suite's
-    slowest part): OpenAI completions over HTTP; Best-of-N and multi-PLM whose candidates come from
+    slowest part), chosen by default (no `app:`) since vLLM runs SmolLM2: OpenAI completions over HTTP
+    under the API key and the caps of `limits`, /ready; Best-of-N and multi-PLM whose candidates come from
     Ray's LLMServer replicas (two models: one checkpoint under two names, so the routing is what is
     tested, not a second model's load); the handle API is the dpsynth app's; undeploy removes both apps."""
     from ray import serve
@@ -90,15 +114,22 @@ def test_ray_llm_app_serves_openai_and_runs_best_of_n_and_multi_plm(ray_with_vll
     from serving.app import deploy, http_url, undeploy
     from serving.schemas import BestOfNRequest, GenerationRequest
 
+    monkeypatch.setenv("RAY_LLM_TEST_KEY", RAY_LLM_KEY)
     smol = {"model": "smollm2-135m-instruct", "kv_cache_gib": 1, "num_cpus": 0.5}
-    config = ServeConfig(app="ray_llm", app_name="ray-llm-test", http={"port": _free_port()},
+    config = ServeConfig(app_name="ray-llm-test", http={"port": _free_port(), "api_key_env": "RAY_LLM_TEST_KEY"},
+                         limits={"max_tokens": 64, "max_body_bytes": 4096},
                          best_of_n={"scorer": "serving.scorers:length_score"},
                          models=[{"name": "smol", **smol}, {"name": "smol-b", **smol}])
     handle = deploy(config)
     try:
         apps = serve.status().applications
-        assert {"ray-llm-test", "ray-llm-test-tools"} <= set(apps)
+        assert {"ray-llm-test", "ray-llm-test-tools"} <= set(apps)  # `auto` chose Ray's app
         base = http_url(config)
+        # the dpsynth app's HTTP guarantees hold on Ray's routes too
+        assert _status(f"{base}/ready") == 200 and _status(f"{base}/health", key=None) == 200
+        assert _status(f"{base}/v1/completions", {"model": "smol", "prompt": "Hi", "max_tokens": 4}, key=None) == 401
+        assert _status(f"{base}/v1/completions", {"model": "smol", "prompt": "Hi", "max_tokens": 65}) == 400
+        assert _status(f"{base}/v1/completions", {"model": "smol", "prompt": "x" * 5000, "max_tokens": 4}) == 413
         completion = _post(f"{base}/v1/completions", {"model": "smol", "prompt": "Cells divide", "max_tokens": 8,
                                                       "temperature": 1.0, "seed": 3})
         assert 0 < completion["usage"]["completion_tokens"] <= 8 and isinstance(completion["choices"][0]["text"], str)
