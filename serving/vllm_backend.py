@@ -66,7 +66,7 @@ class VLLMBackend:
         except ImportError:
             from dpsynth_core.errors import ConfigError
 
-            raise ConfigError("backend 'vllm' needs the vllm package (make install-vllm here; '.[gpu]' on a GPU node)") from None
+            raise ConfigError("backend 'vllm' needs the vllm package (make install installs its CPU build; '.[gpu]' on a GPU node)") from None
         from dpsynth_core.engines.adapters import adapter_kind, lora_rank
         from dpsynth_core.engines.vllm_engine import merged_dir, vllm_process_env
         from dpsynth_core.models import load_tokenizer, resolve_model_dir
