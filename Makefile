@@ -33,6 +33,7 @@ install: $(STAMP)
 DEMO_CONFIG := configs/actg_demo.yaml
 DEMO_RUN := runs/actg_demo
 demo: install
+	$(BIN)/python scripts/make_actg_paper_data.py  # the declared-public labeled file and the private file
 	HF_HUB_OFFLINE=1 $(BIN)/dpsynth run actg --config $(DEMO_CONFIG)
 	$(BIN)/dpsynth ledger show $(DEMO_RUN)
 	$(BIN)/python -m ray_jobs.actg --summary $(DEMO_RUN)

@@ -54,6 +54,9 @@ def _preflight(pipeline: str, config: Path, check: bool) -> bool:
     plan = method_preflight(pipeline)(Path(config))
     if check:
         typer.echo(plan.render())
+    else:
+        for note in plan.notes:
+            typer.echo(note)
     return check
 
 

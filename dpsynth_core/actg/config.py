@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from dpsynth_core.actg.anchored_rl import AnchoredRLConfig
 from dpsynth_core.actg.data_split import DataSettings
@@ -90,6 +90,7 @@ class ActgConfig(StrictConfig):
     # scheduling only (not part of the run's identity: a resumed run may get another cluster)
     resources: PipelineResources = Field(default_factory=PipelineResources, exclude=True)
     stop_after_stage: str | None = None   # testing: stop (as if killed) once this stage completed
+    _zero_shot_by_default: bool = PrivateAttr(False)
 
     @field_validator("generator")
     @classmethod
@@ -112,6 +113,27 @@ class ActgConfig(StrictConfig):
                     raise ValueError(f"features.lm: '{key}' comes from the 'privacy' section")
         refuse_test_only_knobs("features.lm", value.lm)
         return value
+
+    @model_validator(mode="after")
+    def _resolve_auto_extractor(self) -> ActgConfig:
+        """``extractor.kind: auto``: the supervised extractor when a declared-public labeled file exists (it beat
+        the zero-shot reader on a held-out half of bioRxiv: docs/results/extractor_choice.md), else the zero-shot
+        embedding extractor, which the pre-flight names in one line."""
+        for name in ("extractor", "reward"):
+            section = getattr(self, name)
+            if section is not None and section.kind == "auto":
+                kind = "supervised" if self.data.public_path is not None else "embedding"
+                setattr(self, name, section.model_copy(update={"kind": kind}))
+                self._zero_shot_by_default |= name == "extractor" and kind == "embedding"
+        return self
+
+    def extractor_note(self) -> str | None:
+        """One line for the pre-flight when ``auto`` fell back to the zero-shot extractor."""
+        if not self._zero_shot_by_default or self.mode != "actg":
+            return None
+        return ("note: attributes come from the zero-shot embedding extractor (no data.public_path). A few hundred "
+                "labeled texts that you may publish, as data.public_path, train a much closer one "
+                "(docs/guides/actg.md); set extractor: {kind: embedding} to keep this one without the note")
 
     @model_validator(mode="after")
     def _reference_run(self) -> ActgConfig:

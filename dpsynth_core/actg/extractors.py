@@ -311,7 +311,8 @@ class ExtractorConfig(StrictConfig):
 
     # columns: the records' own attribute columns (private attributes only; it scores no text);
     # supervised: a classifier trained on public labeled rows (actg.supervised), loaded from model_dir
-    kind: Literal["lm", "embedding", "openai", "columns", "supervised"] = "embedding"
+    # auto: supervised when the config declares a public labeled file (data.public_path), else embedding
+    kind: Literal["auto", "lm", "embedding", "openai", "columns", "supervised"] = "auto"
     model: str | None = None
     model_dir: str | None = None  # supervised: the saved reward model (written by the reward_model stage)
     # lm
@@ -343,6 +344,9 @@ def build_extractor(config: ExtractorConfig | dict | str, schema: AttributeSchem
         config = ExtractorConfig(kind=config)
     elif isinstance(config, dict):
         config = ExtractorConfig.model_validate(config)
+    if config.kind == "auto":
+        raise ConfigError("extractor kind 'auto' is resolved by the ACTG config (data.public_path); "
+                          "name a kind to build an extractor on its own")
     if config.kind == "columns":
         raise ConfigError("extractor kind 'columns' reads the records' own attribute columns and cannot score "
                           "a text: set a text extractor for the reward (section 'reward')")

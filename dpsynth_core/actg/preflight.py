@@ -25,4 +25,5 @@ def preflight_actg(config_path: Path) -> Plan:
     rows = len(load_frame(cfg))  # the whole file, validated
     load_private_split(cfg)  # held-out and private sets fit (the drawn set is discarded)
     return Plan("actg", Path(config_path), list(cfg.stages), cfg.privacy.epsilon, delta,
-                str(cfg.data.path or "bioRxiv (data dir)"), rows, run_dir)
+                str(cfg.data.path or "bioRxiv (data dir)"), rows, run_dir,
+                notes=tuple(n for n in (cfg.extractor_note(),) if n))

@@ -49,16 +49,17 @@ def rows_of(cfg, rd, pool: str) -> list[dict]:
 def stage_reward_model(cfg, root: str) -> dict:
     """Fit the supervised reward on the PUBLIC labeled rows only (never the private pool)."""
     from dpsynth_core.actg.data_split import load_public_labeled
-    from dpsynth_core.actg.supervised import SupervisedExtractor, labeled_rows
+    from dpsynth_core.actg.supervised import EXTRACTOR_C, SupervisedExtractor, labeled_rows
 
     reward = cfg.reward or cfg.extractor
-    if reward.kind != "supervised":
+    supervised = next((e for e in (reward, cfg.extractor) if e.kind == "supervised"), None)
+    if supervised is None:
         return {"kind": reward.kind}
     rd, schema = _ctx(cfg, root)
     texts, rows = labeled_rows(load_public_labeled(cfg), schema, cfg.data.text_col)
     texts = [t[: cfg.data.max_chars] for t in texts]
-    SupervisedExtractor.fit(texts, rows, schema, features="embedding", embedder=reward.model or "minilm").save(
-        rd.reward_model)
+    SupervisedExtractor.fit(texts, rows, schema, features="embedding", embedder=supervised.model or "minilm",
+                            c=EXTRACTOR_C).save(rd.reward_model)
     record_public_data_use(cfg, rd.root, len(texts))
     return {"kind": "supervised", "public_rows": len(texts), "features": "embedding"}
 

@@ -31,23 +31,30 @@ def stage_private(cfg: ActgConfig, root: str) -> dict:
     train, _, public_size = load_private_split(cfg)
     texts = [str(t)[: cfg.data.max_chars] for t in train[cfg.data.text_col]]
     schema = load_run_schema(cfg, rd.root) if cfg.mode == "actg" else None
-    attrs = None
+    attrs = feature_attrs = None
     if cfg.mode == "actg" and not (rd.done("features") and (rd.done("dp_generator") or
                                                           cfg.generator_mode == "direct_prompt")):
         from dpsynth_core.actg.extractors import build_extractor
 
+        # private: the attributes stay in memory. AIM learns the table of `feature_attrs`; the generator is
+        # trained on `attrs`, each record's most likely options (they differ only for the supervised extractor)
         if cfg.extractor.kind == "columns":  # the records' own labels (bioRxiv: the oracle's)
             from dpsynth_core.actg.supervised import columns_attributes
 
-            attrs = columns_attributes(train, schema)  # private: stays in memory
+            attrs = feature_attrs = columns_attributes(train, schema)
+        elif cfg.extractor.kind == "supervised":  # fitted on the declared-public file by stage reward_model
+            from dpsynth_core.actg.supervised import SupervisedExtractor
+            from dpsynth_core.privacy.randomness import secure_rng
+
+            model = SupervisedExtractor.load(rd.reward_model, schema)
+            attrs, feature_attrs = model.extract_and_draw(texts, secure_rng())
         else:
-            attrs = build_extractor(cfg.reward_config(rd.root) if cfg.extractor.kind == "supervised" else cfg.extractor,
-                                    schema).extract(texts)  # private: stays in memory
+            attrs = feature_attrs = build_extractor(cfg.extractor, schema).extract(texts)
     if cfg.mode == "actg" and not rd.done("features"):
-        rd.mark("features", _run_features(cfg, rd, schema, attrs, ledger, public_size))
+        rd.mark("features", _run_features(cfg, rd, schema, feature_attrs, ledger, public_size))
     if not rd.done("dp_generator"):
         rd.mark("dp_generator", _run_dp_generator(cfg, rd, schema, texts, attrs, ledger, public_size))
-    del attrs, texts, train
+    del attrs, feature_attrs, texts, train
     return {"features": rd.summary("features"), "dp_generator": rd.summary("dp_generator")}
 
 

@@ -29,10 +29,12 @@ class Plan:
     data: str
     rows: int
     output_dir: Path
+    notes: tuple[str, ...] = ()  # lines a user can act on (e.g. a weaker default chosen for want of a file)
 
     def render(self) -> str:
         return "\n".join([
             f"pre-flight OK: {self.pipeline} ({self.config})",
+            *self.notes,
             f"stages:     {' -> '.join(self.stages)}",
             f"privacy:    epsilon {self.epsilon:g} at delta {self.delta:.3g}" if self.epsilon is not None
             else "privacy:    none spent (post-processing of a DP model)",
