@@ -52,6 +52,7 @@ def serve_configs(args, port: int, adapter: str | None = None) -> dict:
     vllm = ServeConfig(app=args.vllm_app, app_name="bench-vllm", http={**http, "route_prefix": "/vllm"}, limits=limits,
                        models=[{"name": "m", "model": args.model, "adapter_dir": adapter, "backend": "vllm",
                                 "kv_cache_gib": args.kv_cache_gib, "max_ongoing_requests": max(args.requests),
+                                "dtype": args.vllm_dtype,
                                 "num_cpus": 1, "vllm_engine_kwargs": vllm_kwargs}])
     return {"hf": hf, "vllm": vllm}
 
@@ -76,6 +77,7 @@ def measure(base: str, backend: str, count: int, args, repeat: int) -> dict:
     latencies, tokens = [r[0] for r in results], sum(r[1] for r in results)
     row = {"model": args.model, "backend": backend, "app": args.vllm_app if backend == "vllm" else "dpsynth",
            "adapter": "merged DP-shaped LoRA" if args.adapter else None, "repeat": repeat,
+           "vllm_dtype": args.vllm_dtype if backend == "vllm" else None,
            "requests": count, "new_tokens": args.new_tokens, "wall_s": round(wall, 1), "tokens": tokens,
            "tokens_per_s": round(tokens / wall, 1), "p50_s": round(percentile(latencies, 0.5), 1),
            "p99_s": round(percentile(latencies, 0.99), 1), "load_avg": load_average()}
@@ -107,6 +109,8 @@ def main() -> None:
     parser.add_argument("--kv-cache-gib", type=float, default=4.0)
     parser.add_argument("--vllm-max-num-seqs", type=int, help="vLLM's max_num_seqs (default: the largest count)")
     parser.add_argument("--vllm-app", choices=["ray_llm", "dpsynth"], default="ray_llm")
+    parser.add_argument("--vllm-dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                        help="vLLM's dtype (auto: the product's choice, bfloat16 where the CPU has it natively)")
     parser.add_argument("--adapter", action="store_true", help="both apps serve a merged DP-shaped LoRA adapter")
     parser.add_argument("--pairs", type=int, default=1, help="repeats of every count, the order alternating")
     parser.add_argument("--num-cpus", type=int, default=4, help="the local Ray's logical CPUs")
@@ -129,6 +133,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         adapter = random_adapter(args.model, tmp) if args.adapter else None
         configs = serve_configs(args, free_port(), adapter)
+        # Serve's controller and proxy log every deployment step at INFO: started here first with WARNING
+        # (deploy keeps options already in force), so what reaches the screen is the benchmark's own lines
+        serve.start(http_options={"host": "127.0.0.1", "port": configs["hf"].http.port},
+                    logging_config={"log_level": "WARNING"})
         start = time.perf_counter()
         for config in configs.values():
             deploy(config)

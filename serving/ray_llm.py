@@ -13,6 +13,7 @@ s3:// / gs:// / azure:// (``LoraConfig.dynamic_lora_loading_path``), never from 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from dpsynth_core.errors import ConfigError
@@ -22,8 +23,16 @@ from serving.config import ModelDeploymentConfig, ServeConfig
 _RAY_OWNED_KEYS = ("model", "tokenizer")
 # Read by the replica's engine process: as dpsynth_core.engines.vllm_engine.vllm_process_env sets them
 # (quiet logs, no step timeout on a loaded machine); model files are local, nothing is downloaded.
-_ENGINE_ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600",
-               "VLLM_ENGINE_READY_TIMEOUT_S": "3600", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+_ENGINE_ENV = {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600", "VLLM_ENGINE_READY_TIMEOUT_S": "3600",
+               "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+# Ray's LLM layer sets its own (no-op) setup hook on the replica; ours gives vLLM's loggers the level asked for
+# before vLLM is imported there (its "Triton is installed, but doesn't include CPU backend" notice comes at import)
+_SETUP_HOOK = "dpsynth_core.quiet.ray_worker_setup"
+
+
+def engine_log_level() -> str:
+    """vLLM's log level in the replica: the caller's (ERROR once the CLI's quiet_process ran), else WARNING."""
+    return os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")
 
 
 def model_source(model: ModelDeploymentConfig) -> str:
@@ -72,7 +81,8 @@ def llm_config_kwargs(model: ModelDeploymentConfig, source: str, max_prompt_toke
         "engine_kwargs": engine,
         "deployment_config": deployment,
         "placement_group_config": {"bundles": [bundle]},
-        "runtime_env": {"env_vars": {**env, **_ENGINE_ENV}},
+        "runtime_env": {"env_vars": {**env, **_ENGINE_ENV, "VLLM_LOGGING_LEVEL": engine_log_level()},
+                        "worker_process_setup_hook": _SETUP_HOOK},
         "log_engine_metrics": False,
     }
     if model.num_gpus <= 0:

@@ -38,6 +38,19 @@ def test_llm_config_carries_our_vllm_settings_and_cpu_placement() -> None:
     assert kwargs["model_loading_config"] == {"model_id": "smol", "model_source": "/models/smol"}
 
 
+def test_llm_config_keeps_the_replica_as_quiet_as_the_caller(monkeypatch) -> None:
+    """The replica's vLLM logs at the caller's level (the CLI sets ERROR) through dpsynth's setup hook, which runs
+    before vLLM is imported there (Ray's LLM layer would set its own no-op hook)."""
+    model = ModelDeploymentConfig(name="smol")
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "ERROR")
+    env = llm_config_kwargs(model, "/m", max_prompt_tokens=100)["runtime_env"]
+    assert env["env_vars"]["VLLM_LOGGING_LEVEL"] == "ERROR"
+    assert env["worker_process_setup_hook"] == "dpsynth_core.quiet.ray_worker_setup"
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL")
+    assert llm_config_kwargs(model, "/m", max_prompt_tokens=100)["runtime_env"]["env_vars"]["VLLM_LOGGING_LEVEL"] \
+        == "WARNING"  # as the offline engine's default (engines.vllm_engine.vllm_process_env)
+
+
 def test_llm_config_on_a_gpu_asks_for_one() -> None:
     kwargs = llm_config_kwargs(ModelDeploymentConfig(name="g", num_gpus=1), "/m", max_prompt_tokens=100)
     assert kwargs["placement_group_config"] == {"bundles": [{"CPU": 1.0, "GPU": 1}]}
