@@ -11,6 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import actg_table  # noqa: E402
+import dpfair_generation_engines  # noqa: E402
 import dpfair_table  # noqa: E402
 import dpsgd_overhead  # noqa: E402
 import generation_engines  # noqa: E402
@@ -20,6 +21,7 @@ import sample_size  # noqa: E402
 import serve_engines  # noqa: E402
 import serve_soak  # noqa: E402
 import serve_throughput  # noqa: E402
+import wasp_engines  # noqa: E402
 
 
 def _line_with(text: str, figure: str) -> str:
@@ -126,3 +128,23 @@ def test_gpu_check_markdown_states_tokens_timed_and_baseline():
     text = gpu_check.markdown(report)
     assert "| nondp | 12288 | 1000 |" in text
     assert "baseline: the same engine without DP" in text and "baseline: the unmerged adapter" in text
+
+
+def test_dpfair_generation_engines_summary_states_rows_and_baseline():
+    rows = [{"engine": "vllm", "rows": 200, "attempted": 200, "invalid": 0, "wall_s": 20.0, "load_s": 15.0},
+            {"engine": "hf", "rows": 200, "attempted": 210, "invalid": 10, "wall_s": 100.0, "load_s": 3.0}]
+    text = dpfair_generation_engines.summary(rows)
+    assert "(n = 200 rows; one run)" in _line_with(text, "hf: 200 rows (210 attempted, 10 invalid) in 100.0 s")
+    line = _line_with(text, "5.0x faster")
+    assert "with load: 2.9x" in line and "baseline: HF, the generate stage's engine" in line
+    assert line.endswith("order vllm then hf")
+
+
+def test_wasp_engines_summary_states_samples_plms_and_baseline():
+    rows = [{"engine": e, "plms": ["a", "b"], "wall_s": w, "iteration_s": it, "zero_shot_s": 10.0,
+             "zero_shot_samples": 75, "iteration_samples": 75} for e, w, it in (("hf", 300.0, 120.0),
+                                                                                 ("vllm", 150.0, 30.0))]
+    text = wasp_engines.summary(rows)
+    assert "(n = 75 samples in the iteration, 75 zero-shot, 2 PLMs; one run)" in _line_with(text, "hf: iteration 1")
+    line = _line_with(text, "HF / vLLM: iteration 4.0x, whole command 2.0x")
+    assert "baseline: HF" in line and line.endswith("order hf then vllm")
