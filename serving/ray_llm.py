@@ -25,9 +25,18 @@ _RAY_OWNED_KEYS = ("model", "tokenizer")
 # (quiet logs, no step timeout on a loaded machine); model files are local, nothing is downloaded.
 _ENGINE_ENV = {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600", "VLLM_ENGINE_READY_TIMEOUT_S": "3600",
                "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-# Ray's LLM layer sets its own (no-op) setup hook on the replica; ours gives vLLM's loggers the level asked for
-# before vLLM is imported there (its "Triton is installed, but doesn't include CPU backend" notice comes at import)
-_SETUP_HOOK = "dpsynth_core.quiet.ray_worker_setup"
+
+
+def job_env_vars() -> dict[str, str]:
+    """The env_vars of the Ray job this driver runs in (ray_jobs.cluster.ensure_ray: the quiet environment and the
+    worker setup hook, which Ray keeps as an env var). A replica's own env_vars replace the job's whole, so they
+    start from these: the hook then gives vLLM's loggers their level before vLLM is imported in the replica (its
+    "Triton is installed, but doesn't include CPU backend" notice comes at import). Empty without Ray."""
+    import ray
+
+    if not ray.is_initialized():
+        return {}
+    return dict((ray.get_runtime_context().runtime_env or {}).get("env_vars") or {})
 
 
 def engine_log_level() -> str:
@@ -81,8 +90,7 @@ def llm_config_kwargs(model: ModelDeploymentConfig, source: str, max_prompt_toke
         "engine_kwargs": engine,
         "deployment_config": deployment,
         "placement_group_config": {"bundles": [bundle]},
-        "runtime_env": {"env_vars": {**env, **_ENGINE_ENV, "VLLM_LOGGING_LEVEL": engine_log_level()},
-                        "worker_process_setup_hook": _SETUP_HOOK},
+        "runtime_env": {"env_vars": {**job_env_vars(), **env, **_ENGINE_ENV, "VLLM_LOGGING_LEVEL": engine_log_level()}},
         "log_engine_metrics": False,
     }
     if model.num_gpus <= 0:

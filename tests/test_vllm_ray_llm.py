@@ -39,13 +39,17 @@ def test_llm_config_carries_our_vllm_settings_and_cpu_placement() -> None:
 
 
 def test_llm_config_keeps_the_replica_as_quiet_as_the_caller(monkeypatch) -> None:
-    """The replica's vLLM logs at the caller's level (the CLI sets ERROR) through dpsynth's setup hook, which runs
-    before vLLM is imported there (Ray's LLM layer would set its own no-op hook)."""
+    """The replica's vLLM logs at the caller's level (the CLI sets ERROR) and its env_vars start from the job's
+    (ensure_ray's quiet env and setup hook): Ray replaces a job's env_vars whole with an actor's own."""
+    import serving.ray_llm as ray_llm
+
     model = ModelDeploymentConfig(name="smol")
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "ERROR")
-    env = llm_config_kwargs(model, "/m", max_prompt_tokens=100)["runtime_env"]
-    assert env["env_vars"]["VLLM_LOGGING_LEVEL"] == "ERROR"
-    assert env["worker_process_setup_hook"] == "dpsynth_core.quiet.ray_worker_setup"
+    monkeypatch.setattr(ray_llm, "job_env_vars", lambda: {"HOOK": "dpsynth_core.quiet.ray_worker_setup",
+                                                          "VLLM_CPU_KVCACHE_SPACE": "9"})
+    env = llm_config_kwargs(model, "/m", max_prompt_tokens=100)["runtime_env"]["env_vars"]
+    assert env["VLLM_LOGGING_LEVEL"] == "ERROR" and env["HOOK"] == "dpsynth_core.quiet.ray_worker_setup"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "4"  # the model's own settings win over the job's
     monkeypatch.delenv("VLLM_LOGGING_LEVEL")
     assert llm_config_kwargs(model, "/m", max_prompt_tokens=100)["runtime_env"]["env_vars"]["VLLM_LOGGING_LEVEL"] \
         == "WARNING"  # as the offline engine's default (engines.vllm_engine.vllm_process_env)
