@@ -254,3 +254,58 @@ def test_dp_sweep_report_states_the_selection_epsilon(runs, tmp_path):
     assert report["sections"]["privacy"]["tables"][0]["rows"][0][1] == "hyperparameter_selection"
     assert any(f"Selection ε of the DP sweep: {total:.4f}" in n for n in report["sections"]["privacy"]["notes"])
     assert "ε of the DP sweep" in (best / "report.html").read_text()
+
+
+@pytest.fixture(scope="module")
+def aim_run(tmp_path_factory, adult_dir):
+    """A tiny AIM run on the tiny DPFairLLM run's table (configs/aim_tiny_test.yaml with that run's columns)."""
+    import yaml
+
+    from dpsynth_core.tabular.aim_run import run_aim
+    from dpsynth_core.tabular.config import AimConfig
+
+    repo = Path(__file__).resolve().parent.parent
+    raw = yaml.safe_load((repo / "configs" / "aim_tiny_test.yaml").read_text())
+    columns = yaml.safe_load((repo / "configs" / "dpfair_tiny_test.yaml").read_text())["columns"]
+    raw.update(output_dir=str(tmp_path_factory.mktemp("aim_runs")), schema_path=str(repo / raw["schema_path"]),
+               columns=columns, evaluate_privacy=False)
+    return Path(run_aim(AimConfig.model_validate(raw)))
+
+
+def test_fairness_shows_the_aim_baseline_beside_the_run(runs, aim_run, tmp_path, monkeypatch, capsys):
+    """`dpsynth report RUN --baseline AIM_RUN`: AIM's DP / EO gaps (its synthetic table, the same classifiers, the same
+    real test rows) in their own columns of report.json and report.html; a baseline that does not fit is refused."""
+    run = _copy(runs["dpfair"], tmp_path / "dpfair")
+    code, out = dpsynth(monkeypatch, capsys, "report", str(run), "--baseline", str(aim_run))
+    assert code == 0, out
+    report = json.loads((run / "report.json").read_text())
+    table = report["sections"]["fairness"]["tables"][0]
+    assert table["columns"] == ["attribute", "classifier", "DP gap (synthetic)", "DP gap (real)", "DP gap (AIM)",
+                                "EO gap (synthetic)", "EO gap (real)", "EO gap (AIM)"]
+    aim_tstr = json.loads((aim_run / "eval" / "report.json").read_text())["tstr"]
+    mine = json.loads((run / "eval" / "report.json").read_text())["tstr"]
+    assert aim_tstr["baseline"]["n_test"] == mine["baseline"]["n_test"] == 300  # the same test rows
+    from dpsynth_core.report.model import fmt
+
+    for attribute, model, dp_syn, _, dp_aim, eo_syn, _, eo_aim in table["rows"]:
+        assert (dp_syn, eo_syn) == (fmt(mine[model][f"dp_diff_{attribute}"]), fmt(mine[model][f"eo_diff_{attribute}"]))
+        assert (dp_aim, eo_aim) == (fmt(aim_tstr[model][f"dp_diff_{attribute}"]),
+                                    fmt(aim_tstr[model][f"eo_diff_{attribute}"]))
+    assert {r[0] for r in table["rows"]} == {"race", "sex"}
+    assert report["baselines"]["aim"]["run_dir"] == str(aim_run)
+    assert any(n.startswith("AIM baseline: AIM run") for n in report["sections"]["fairness"]["notes"])
+    html = (run / "report.html").read_text()
+    fairness_html = html[html.index('id="section-fairness"'):html.index('id="section-disclosure"')]
+    assert "<th>DP gap (AIM)</th>" in fairness_html and "<th>EO gap (AIM)</th>" in fairness_html
+
+    # refused whole, with one line: not an AIM run; an AIM run on other test rows
+    other = _copy(aim_run, tmp_path / "aim_other_test_rows")
+    config = (other / "config.yaml").read_text()
+    (other / "config.yaml").write_text(config.replace("test_rows: 300", "test_rows: 500"))
+    assert "test_rows: 500" in (other / "config.yaml").read_text()
+    for baseline, why in ((runs["dpfair"], "not an AIM run"), (other, "data.test_rows (300 vs 500)")):
+        fresh = _copy(runs["dpfair"], tmp_path / f"refused_{Path(baseline).name}")
+        before = _hashes(fresh)
+        code, out = dpsynth(monkeypatch, capsys, "report", str(fresh), "--baseline", str(baseline))
+        assert code == 2 and len(out.strip().splitlines()) == 1 and why in out, out
+        assert not (fresh / "report.json").exists() and _hashes(fresh) == before
