@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from sample_size import note
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -114,6 +115,7 @@ def _row(system: dict) -> dict:
             "djs_f": system.get("djs_text", {}).get("1way_mean"), "djs_f_2way": system.get("djs_text", {}).get(
                 "2way_mean"), "djs_f_same_reader": system.get("djs_text_same_reader", {}).get("1way_mean"),
             "f1": system.get("downstream", {}).get("macro_f1"), "n_texts": system["n_texts"],
+            "f1_baseline": system.get("downstream", {}).get("constant_macro_f1"),
             "mauve_buckets": system.get("mauve", {}).get("num_buckets"),
             "distinct_2": system["stats"].get("distinct_2")}
 
@@ -217,7 +219,8 @@ def real_text_reference(scale: dict, run_dir: Path, repeats: int = 3) -> dict:
             same.append(djs(fit_read, judged, schema.categories())["1way_mean"])
     return {"ifacc_judge": (float(np.mean(ifacc)), float(np.std(ifacc))),
             "djs_f": (float(np.mean(djs1)), float(np.std(djs1))),
-            "djs_f_same_reader": (float(np.mean(same)), float(np.std(same))), "n_texts": len(texts) // 2}
+            "djs_f_same_reader": (float(np.mean(same)), float(np.std(same))), "n_texts": len(texts) // 2,
+            "runs": f"{2 * repeats} (2 folds x {repeats} random splits; mean, sd)"}
 
 
 def _fmt(values: list) -> str:
@@ -227,15 +230,25 @@ def _fmt(values: list) -> str:
     return f"{np.mean(vals):.3f} ± {np.std(vals):.3f}"
 
 
+def _counts(values: list) -> str:
+    vals = sorted({v for v in values if v is not None})
+    return "/".join(str(v) for v in vals) or "—"
+
+
 def table(per_seed: list[dict]) -> str:
+    """The paper's table; each row with its synthetic-text count and seeds, macro-F1 beside its constant predictor."""
     cols = [("MAUVE", "mauve"), ("IFAcc (judge)", "ifacc_judge"), ("IFAcc (reward)", "ifacc_reward"),
             ("d_JS^f 1-way", "djs_f"), ("d_JS^f 2-way", "djs_f_2way"),
-            ("d_JS^f 1-way, judge on both sides", "djs_f_same_reader"), ("downstream macro-F1", "f1")]
-    lines = ["| method | " + " | ".join(c for c, _ in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+            ("d_JS^f 1-way, judge on both sides", "djs_f_same_reader"), ("downstream macro-F1", "f1"),
+            ("constant predictor's macro-F1 (baseline)", "f1_baseline")]
+    lines = ["| method | n texts | seeds | " + " | ".join(c for c, _ in cols) + " |", "|---" * (len(cols) + 3) + "|"]
     for row in ROWS:
-        if any(row in s for s in per_seed):
-            lines.append(f"| {row} | " + " | ".join(_fmt([s[row][k] for s in per_seed if row in s]) for _, k in cols)
-                         + " |")
+        seeds = [s[row] for s in per_seed if row in s]
+        if seeds:
+            lines.append(f"| {row} | {_counts([s.get('n_texts') for s in seeds])} | {len(seeds)} | "
+                         + " | ".join(_fmt([s.get(k) for s in seeds]) for _, k in cols) + " |")
+    lines.append(note("synthetic texts per seed and row, against the held-out real texts of the run", len(per_seed),
+                      "the constant predictor's macro-F1 on the same test texts") + "; mean ± sd over seeds")
     return "\n".join(lines)
 
 
@@ -297,9 +310,12 @@ def main() -> None:
     plot(per_seed, args.out)
     extra = {k: [s[k] for s in per_seed] for k in ("_features_djs_1way", "_reward_agreement", "_seconds")}
     print(f"scale {args.scale}: {json.dumps(scale)}; seeds {args.seeds}")
-    print(f"seconds per run, per seed: {extra['_seconds']}")
-    print(f"feature table vs real private attributes, 1-way d_JS (base e): {extra['_features_djs_1way']}")
-    print(f"reward model agreement with oracle labels on held-out real texts: {extra['_reward_agreement']}")
+    runs = len(per_seed)
+    print(f"seconds per run, per seed: {extra['_seconds']} {note(f'{runs} seeds, one run each', runs)}")
+    print(f"feature table vs real private attributes, 1-way d_JS (base e): {extra['_features_djs_1way']} "
+          + note(f"{scale['n_records']} private rows per seed", runs))
+    print(f"reward model agreement with oracle labels on held-out real texts: {extra['_reward_agreement']} "
+          + note(f"{scale['n_eval']} held-out real texts per seed", runs))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 import yaml
+from sample_size import note
 
 COLUMNS = [
     ("acc_lr", "acc LR"), ("f1_lr", "F1 LR"), ("acc_gb", "acc GB"), ("f1_gb", "F1 GB"),
@@ -76,9 +77,20 @@ def collect(run_dirs: list[Path]) -> list[dict]:
     return rows
 
 
+# sample sizes and the trivial baselines of the accuracy / F1 columns, printed beside them (issue 38)
+COUNTS = [("n_synthetic", "n synthetic rows"), ("n_test", "n real test rows"),
+          ("majority_acc", "majority-class acc (baseline)"), ("constant_f1", "constant predictor's F1 (baseline)")]
+CAPTION = ("TSTR classifiers trained on each row's synthetic (or real) rows, tested on the real test rows; gaps on "
+           "the same test rows")
+
+
+def _count(v) -> str:
+    return "–" if v is None else (f"{v:.3f}" if isinstance(v, float) and not float(v).is_integer() else f"{int(v)}")
+
+
 def markdown(rows: list[dict]) -> str:
-    head = "| method | ε (spent) | " + " | ".join(h for _, h in COLUMNS) + " |"
-    sep = "|" + "---|" * (len(COLUMNS) + 2)
+    head = "| method | ε (spent) | " + " | ".join(h for _, h in COUNTS + COLUMNS) + " |"
+    sep = "|" + "---|" * (len(COUNTS) + len(COLUMNS) + 2)
     lines = [head, sep]
     for r in rows:
         eps = r.get("epsilon")
@@ -91,7 +103,10 @@ def markdown(rows: list[dict]) -> str:
                 cells.append(f"{100 * v:.1f}")
             else:
                 cells.append(f"{v:.3f}")
-        lines.append(f"| {r['method']} | {'–' if eps is None else f'{eps:.3f}'} | " + " | ".join(cells) + " |")
+        counts = [_count(r.get(k)) for k, _ in COUNTS]
+        lines.append(f"| {r['method']} | {'–' if eps is None else f'{eps:.3f}'} | " + " | ".join(counts + cells) + " |")
+    lines.append(note("the row's n synthetic rows and n real test rows", 1, "majority-class accuracy and the constant "
+                      "predictor's F1 on the same test rows") + f", each row one run; {CAPTION}")
     return "\n".join(lines)
 
 
@@ -152,7 +167,9 @@ def aggregate(run_dirs: list[Path]) -> list[dict]:
             groups.setdefault((row["method"], eps), []).append(row)
     out = []
     for (method, eps), rows in groups.items():
-        agg = {"method": f"{method} (n={len(rows)})", "epsilon": eps}
+        agg = {"method": f"{method} ({len(rows)} runs)", "epsilon": eps, "runs": len(rows)}
+        for k, _ in COUNTS:  # the same per run (one config per group); a spread would show as "a/b"
+            agg[k] = "/".join(sorted({_count(r.get(k)) for r in rows}))
         for k, _ in COLUMNS:
             vals = [r[k] for r in rows if r.get(k) is not None]
             if vals:
@@ -162,8 +179,8 @@ def aggregate(run_dirs: list[Path]) -> list[dict]:
 
 
 def markdown_mean_sd(rows: list[dict]) -> str:
-    head = "| method | ε | " + " | ".join(h for _, h in COLUMNS) + " |"
-    lines = [head, "|" + "---|" * (len(COLUMNS) + 2)]
+    head = "| method | ε | " + " | ".join(h for _, h in COUNTS + COLUMNS) + " |"
+    lines = [head, "|" + "---|" * (len(COUNTS) + len(COLUMNS) + 2)]
     for r in rows:
         cells = []
         for k, _ in COLUMNS:
@@ -172,7 +189,13 @@ def markdown_mean_sd(rows: list[dict]) -> str:
             else:
                 scale = 100 if k == "valid_fraction" else 1
                 cells.append(f"{scale * r[k]:.3f} ± {scale * r[k + '_sd']:.3f}")
-        lines.append(f"| {r['method']} | {'∞' if r['epsilon'] is None else r['epsilon']} | " + " | ".join(cells) + " |")
+        counts = [str(r.get(k) or "–") for k, _ in COUNTS]
+        lines.append(f"| {r['method']} | {'∞' if r['epsilon'] is None else r['epsilon']} | "
+                     + " | ".join(counts + cells) + " |")
+    runs = max((r.get("runs", 1) for r in rows), default=1)
+    lines.append(note("the row's n synthetic rows and n real test rows per run", runs, "majority-class accuracy and "
+                      "the constant predictor's F1 on the same test rows") + f"; mean ± sd over each row's runs (seeds, "
+                 f"stated in the method column); {CAPTION}")
     return "\n".join(lines)
 
 

@@ -42,6 +42,8 @@ import sys
 import time
 from pathlib import Path
 
+from sample_size import note
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -164,14 +166,20 @@ def measure_time(model: str, batch: int, modes: list[str], seq: int, physical: i
 
 # --- report -------------------------------------------------------------------------------------------
 def render_table(rows: list[dict]) -> str:
-    head = ("| model | batch | mode | non-DP s/step | DP s/step | time ratio | non-DP mem (MB) | DP mem (MB) | mem ratio |\n"
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    """The table, each row with its timed steps per side; ratios are DP over the non-DP engine (the baseline)."""
+    head = ("| model | batch | mode | timed steps per side | non-DP s/step | DP s/step | time ratio | non-DP mem (MB) "
+            "| DP mem (MB) | mem ratio |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     lines = [head]
     for r in rows:
         lines.append(
-            f"| {SHORT.get(r['model'], r['model'])} | {r['batch']} | {r['mode']} | {r['nondp_s']:.3f} | {r['dp_s']:.3f} | "
+            f"| {SHORT.get(r['model'], r['model'])} | {r['batch']} | {r['mode']} | {len(r['dp_times'])} | "
+            f"{r['nondp_s']:.3f} | {r['dp_s']:.3f} | "
             f"{r['time_ratio']:.2f} | {r['nondp_mem_mb']:.0f} | {r['dp_mem_mb']:.0f} | {r['mem_ratio']:.2f} |"
         )
+    seq = sorted({r["seq"] for r in rows})
+    lines.append(note(f"the timed steps per side (median s/step) of batch records of {'/'.join(map(str, seq))} tokens; "
+                      "memory: one fresh process per side and row", 1,
+                      "the same engine without DP (ratios are DP / non-DP)"))
     return "\n".join(lines)
 
 

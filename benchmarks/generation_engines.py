@@ -38,6 +38,8 @@ import statistics
 import threading
 import time
 
+from sample_size import note
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -118,7 +120,8 @@ def measure(engine, model: str, count: int, args, load_s: float, label: str | No
     # re-encoded texts, the same count for both backends (HF's engine can only count this way)
     tokens = sum(len(engine.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in batch.texts)
     row = {
-        "model": model, "backend": label or engine.backend, "prompts": count, "load_s": round(load_s, 1),
+        "model": model, "backend": label or engine.backend, "prompts": count, "new_tokens": args.new_tokens,
+        "load_s": round(load_s, 1),
         "wall_s": round(wall, 1), "tokens": tokens, "tokens_per_s": round(tokens / wall, 1),
         "p50_s": round(percentile(batch.latencies_s, 0.5), 1),
         "p99_s": round(percentile(batch.latencies_s, 0.99), 1), "load_avg": load_average(),
@@ -169,7 +172,8 @@ def two_plms(args) -> dict:
         finally:
             for engine in engines:
                 engine.close()
-    return {"models": args.models, "kv_cache_gib_each": args.kv_cache_gib,
+    return {"models": args.models, "prompts_each": max(args.prompts), "new_tokens": args.new_tokens, "runs": "one run",
+            "kv_cache_gib_each": args.kv_cache_gib,
             "rss_after_load_gib": round(loaded, 2), "peak_rss_gib": round(memory.peak, 2)}
 
 
@@ -220,6 +224,8 @@ def lora_table(rows: list[dict]) -> str:
         ratio = f"{r['tokens_per_s'] / lora[r['prompts']]:.1f}x" if r["backend"] == "vllm merged" else ""
         lines.append(f"| {r['model']} | {r['backend']} | {r['prompts']} | {r['load_s']} | {r['wall_s']} | "
                      f"{r['tokens']} | {r['tokens_per_s']} | {ratio} |")
+    lines.append(note(f"the row's prompts x {_tokens(rows)} sampled tokens", 1,
+                      "vLLM's LoRA kernels (merged/LoRA: the merged copy's tokens/s over the LoRA row's, same prompts)"))
     return "\n".join(lines)
 
 
@@ -232,7 +238,13 @@ def table(rows: list[dict]) -> str:
         ratio = f"{r['tokens_per_s'] / base:.1f}x" if r["backend"] == "vllm" and base else ""
         lines.append(f"| {r['model']} | {r['backend']} | {r['prompts']} | {r['load_s']} | {r['wall_s']} | "
                      f"{r['tokens']} | {r['tokens_per_s']} | {r['p50_s']} | {r['p99_s']} | {ratio} |")
+    lines.append(note(f"the row's prompts x {_tokens(rows)} sampled tokens", 1,
+                      "HF (vLLM/HF: vLLM's tokens/s over the HF row of the same model and prompt count)"))
     return "\n".join(lines)
+
+
+def _tokens(rows: list[dict]) -> str:
+    return "/".join(str(t) for t in sorted({r.get("new_tokens") for r in rows if r.get("new_tokens")})) or "?"
 
 
 def main() -> None:

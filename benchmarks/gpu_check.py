@@ -24,6 +24,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from sample_size import note
+
 HERE = Path(__file__).resolve().parent
 TARGET_TOKENS = 0.85  # DP tokens/s >= 0.85x non-DP
 TARGET_MEMORY = 1.10  # DP peak memory <= 1.1x non-DP
@@ -99,12 +101,15 @@ def markdown(report: dict) -> str:
              f"LoRA r {setup.get('lora_r')} on {', '.join(setup.get('lora_targets', []))}, sequence {setup.get('seq')}, "
              f"{setup.get('base_dtype')} base, fp32 adapter, physical batch {setup.get('physical_batch')} "
              f"(logical batch {setup.get('logical_batch')}, sampling rate 1), same rows in every mode. "
-             "Ratios are to non-DP in this one run.", "",
-             "| mode | tokens/s | vs non-DP | peak GiB | vs non-DP | largest batch | tokens/s there | peak GiB there |",
-             "|---|---|---|---|---|---|---|---|"]
+             "Ratios are to non-DP in this one run. " + note("the tokens timed per mode (its timed steps)", 1,
+                                                             "the same engine without DP (non-DP)"), "",
+             "| mode | tokens timed | tokens/s | vs non-DP | peak GiB | vs non-DP | largest batch | tokens/s there "
+             "| peak GiB there |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in report["summary"]["modes"]:
         at, big = r.get("at_batch") or {}, r.get("largest_batch") or {}
-        lines.append(f"| {r['mode']} | {_f(at.get('tokens_per_s'))} | {_f(r.get('tokens_vs_nondp'), '{:.3f}')} | "
+        lines.append(f"| {r['mode']} | {_f(at.get('tokens'))} | {_f(at.get('tokens_per_s'))} | "
+                     f"{_f(r.get('tokens_vs_nondp'), '{:.3f}')} | "
                      f"{_f(at.get('peak_gib'), '{:.1f}')} | {_f(r.get('memory_vs_nondp'), '{:.3f}')} | "
                      f"{_f(big.get('batch'))} | {_f(big.get('tokens_per_s'))} | {_f(big.get('peak_gib'), '{:.1f}')} |")
     lines += ["", f"Targets: DP tokens/s >= {TARGET_TOKENS}x non-DP, DP peak memory <= {TARGET_MEMORY}x non-DP."]
@@ -120,6 +125,8 @@ def markdown(report: dict) -> str:
     if gen:
         new = next(iter(gen.values()))["new_tokens"]
         lines += ["", f"## HF generation with the DP adapter ({new} new tokens per row, tokens/s)", "",
+                  note(f"the batch's rows x {new} new tokens, one generate call per cell", 1,
+                       "the unmerged adapter"), "",
                   "| adapter | batch 1 | batch 32 |", "|---|---|---|"]
         for kind in ("unmerged", "merged"):
             lines.append(f"| {kind} | {_f(gen.get(f'{kind}_batch1', {}).get('tokens_per_s'))} | "

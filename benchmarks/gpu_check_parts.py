@@ -26,6 +26,7 @@ warnings.filterwarnings("ignore", message=".*[Bb]ackward hook.*")
 warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", category=UserWarning, module="torch")
 
+from sample_size import note  # noqa: E402
 from gpu_check_model import (  # noqa: E402 - after the warning filters
     MODES,
     SHAPES,
@@ -148,7 +149,9 @@ def part_train(args, out: Results) -> int:
     sync(device)
     out.put("build_s", time.perf_counter() - t0)
     out.put("at_batch", {"batch": batch, **timed_steps(engine, device, steps=args.steps, warmup=1)})
-    print(f"gpu_check {args.mode}: batch {batch} x {seq}: {out.data['at_batch']['tokens_per_s']:.0f} tokens/s", flush=True)
+    at = out.data["at_batch"]
+    print(f"gpu_check {args.mode}: batch {batch} x {seq}: {at['tokens_per_s']:.0f} tokens/s "
+          + note(f"{at['tokens']} tokens over {args.steps} timed steps", 1), flush=True)
     if args.save_adapter:
         engine.save_adapter(args.save_adapter)
         out.put("adapter", args.save_adapter)
@@ -217,7 +220,8 @@ def part_generate(args, out: Results) -> int:
             rows[key] = {"tokens_per_s": (gen.shape[1] - ids.shape[1]) * batch / seconds, "new_tokens": new,
                          "batch": batch}
             out.put("generation", rows)
-            print(f"gpu_check generate {key}: {rows[key]['tokens_per_s']:.0f} tokens/s", flush=True)
+            print(f"gpu_check generate {key}: {rows[key]['tokens_per_s']:.0f} tokens/s "
+                  + note(f"{batch} rows x {new} new tokens", 1), flush=True)
     return 0
 
 
@@ -249,7 +253,8 @@ def part_profile(args, out: Results) -> int:
         busy = sum(getattr(e, device_key) for e in events) / 1e6
         out.put(mode, {"step_wall_s": wall, "device_busy_s": busy, "top_device": top(device_key),
                        "top_cpu": top("self_cpu_time_total")})
-        print(f"gpu_check profile {mode}: step {wall:.3f} s, device busy {busy:.3f} s", flush=True)
+        print(f"gpu_check profile {mode}: step {wall:.3f} s, device busy {busy:.3f} s "
+              + note("one profiled logical step after one warm-up step", 1), flush=True)
         print(events.table(sort_by=device_key if device.type == "cuda" else "self_cpu_time_total", row_limit=12),
               flush=True)
         engine = None

@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 import pandas as pd
+from sample_size import note
 
 
 def main() -> None:
@@ -50,7 +51,9 @@ def main() -> None:
     def cell(v: list[float]) -> str:
         return f"{np.mean(v):.3f} ± {np.std(v, ddof=1):.3f} [{min(v):.3f}, {max(v):.3f}]" if v else "n/a"
 
-    print(f"corpus: {len(texts)} abstracts; draws per size: {args.draws}; mean ± sd [min, max] over draws")
+    print(f"corpus: {len(texts)} abstracts; draws per size: {args.draws}; mean ± sd [min, max] over draws "
+          + note("the texts per side in the first column", args.draws, "real vs real (the first MAUVE column)")
+          + "; each MAUVE the mean over 3 k-means seeds")
     print("| n per side | buckets | real vs real (disjoint abstracts) | abstracts vs neuroscience abstracts "
           "| abstracts vs titles |")
     print("| --- | --- | --- | --- | --- |")

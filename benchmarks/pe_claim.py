@@ -24,6 +24,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from sample_size import note
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TQDM_DISABLE", "1")
@@ -201,14 +203,19 @@ def run_method(ctx: Seed, method: str, base: dict, args, embedding, out: Path) -
 def table(rows: list[dict], methods: list[str]) -> str:
     import numpy as np
 
-    lines = ["method                 n  accuracy (mean +- sd)   per-seed"]
+    lines = ["method                 seeds  n train  n test  accuracy (mean +- sd)  majority class (baseline)  per-seed"]
     for m in methods:
-        accs = [r["accuracy"] for r in rows if r["method"] == m]
-        if not accs:
+        mine = [r for r in rows if r["method"] == m]
+        if not mine:
             continue
+        accs = [r["accuracy"] for r in mine]
         sd = float(np.std(accs, ddof=1)) if len(accs) > 1 else float("nan")
-        lines.append(f"{m:<22} {len(accs):>2}  {np.mean(accs):.3f} +- {sd:.3f}        "
+        lines.append(f"{m:<22} {len(accs):>5}  {_sizes(mine, 'n_train'):>7}  {_sizes(mine, 'n_test'):>6}  "
+                     f"{np.mean(accs):.3f} +- {sd:.3f}         {_sizes(mine, 'majority_baseline'):>9}               "
                      + " ".join(f"{a:.3f}" for a in accs))
+    lines.append(note("the synthetic samples (n train) each classifier is trained on, tested on n test held-out real "
+                      "records", max((sum(r["method"] == m for r in rows) for m in methods), default=1),
+                      "the majority class's accuracy on the same test records; zero_shot (no private data)"))
     for m in ("wasp", "wasp_t4"):
         weights = [r["plm_weights"][-1] for r in rows if r["method"] == m and r.get("plm_weights")]
         if weights and m in methods:
@@ -220,6 +227,12 @@ def table(rows: list[dict], methods: list[str]) -> str:
         lines.append("zero-shot accuracy per PLM (mean over seeds): " + ", ".join(
             f"{n} {np.mean([p[n] for p in per_plm if n in p]):.3f}" for n in names))
     return "\n".join(lines)
+
+
+def _sizes(rows: list[dict], key: str) -> str:
+    """One run's value of ``key`` (a count or a baseline), or every distinct value, or '?' for older rows."""
+    vals = sorted({round(r[key], 3) if isinstance(r.get(key), float) else r.get(key) for r in rows} - {None})
+    return "/".join(str(v) for v in vals) or "?"
 
 
 def analyse(out: Path, config: str) -> str:

@@ -16,6 +16,8 @@ import json
 import os
 import time
 
+from sample_size import note
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -95,7 +97,8 @@ def main() -> None:
         order = [True, False] if r % 2 == 0 else [False, True]
         for parallel in order:
             wall, per_plm, _ = run(contrastive, 1, parallel)
-            results.append({"repeat": r, "mode": "parallel" if parallel else "sequential",
+            results.append({"repeat": r, "samples": sum(len(x) for x in contrastive),
+                            "mode": "parallel" if parallel else "sequential",
                             "wall_s": round(wall, 2), "per_plm_s": [round(x, 2) for x in per_plm]})
             print(json.dumps(results[-1]), flush=True)
     for llm in llms:
@@ -108,6 +111,8 @@ def main() -> None:
         "zero_shot_round_parallel_s": round(zs_wall, 2),
         "contrastive_round_parallel_s": par, "contrastive_round_sequential_s": seq,
         "speedup_mean": round(float(np.mean(seq) / np.mean(par)), 2),
+        "speedup_note": note(f"{sum(len(x) for x in contrastive)} samples per round", len(par),
+                             "the same round with the PLMs one after another (sequential / parallel wall time)"),
     }
     print(json.dumps(summary))
     ray.shutdown()

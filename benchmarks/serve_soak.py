@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+from sample_size import note
 
 CLI = [sys.executable, "-c", "from dpsynth.cli.main import app; app()"]
 MODEL = "gen"
@@ -209,7 +210,7 @@ def main() -> None:
 
 
 def _report(results: list, probes: list[dict], wall: float) -> None:
-    print(f"\n{len(results)} requests in {wall:.1f} s")
+    print(f"\n{len(results)} requests in {wall:.1f} s (one run)")
     for kind in ("valid", "malformed", "oversized", "oversized-chunked"):
         codes = Counter(status for k, status, _, _ in results if k == kind)
         print(f"  {kind:18s} {dict(sorted(codes.items(), key=lambda kv: str(kv[0])))}")
@@ -217,14 +218,15 @@ def _report(results: list, probes: list[dict], wall: float) -> None:
     expected = {"valid": {200, 503, 504}, "malformed": {400, 404, 422}, "oversized": {413},
                 "oversized-chunked": {413}}
     unexpected = Counter((k, s, note) for k, s, _, note in results if s not in expected[k] or note)
-    print(f"unexpected answers: {sum(unexpected.values())} {dict(unexpected) if unexpected else ''}")
+    print(f"unexpected answers: {sum(unexpected.values())} of {len(results)} requests (one run) "
+          f"{dict(unexpected) if unexpected else ''}")
     ok = [lat for k, s, lat, _ in results if k == "valid" and s == 200]
     print(f"valid 200s: {len(ok)}; latency p50 {_pct(ok, 0.5):.2f} s, p99 {_pct(ok, 0.99):.2f} s, "
-          f"max {max(ok, default=float('nan')):.2f} s")
+          f"max {max(ok, default=float('nan')):.2f} s " + note(f"{len(ok)} valid requests answered 200", 1))
     health = Counter(p.get("health") for p in probes)
     ready = Counter(p.get("ready") for p in probes)
-    print(f"/health polls: {dict(health)}, slowest {max((p['health_s'] for p in probes), default=0):.2f} s")
-    print(f"/ready polls: {dict(ready)}, slowest {max((p['ready_s'] for p in probes), default=0):.2f} s")
+    print(f"/health polls ({len(probes)}): {dict(health)}, slowest {max((p['health_s'] for p in probes), default=0):.2f} s")
+    print(f"/ready polls ({len(probes)}): {dict(ready)}, slowest {max((p['ready_s'] for p in probes), default=0):.2f} s")
     reasons = Counter(p["why"] for p in probes if "why" in p)
     for why, count in reasons.most_common(3):
         print(f"  /ready 503 x{count}: {why[:160]}")

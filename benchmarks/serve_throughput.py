@@ -19,6 +19,8 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from sample_size import note
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -133,14 +135,23 @@ def main() -> None:
         serve.shutdown()
         ray.shutdown()
 
-    print(f"\n{'run':34s} {'reqs':>5s} {'tokens':>7s} {'wall s':>8s} {'tok/s':>8s} {'p50 s':>7s} {'p99 s':>7s} {'errors':>6s}")
-    for name, r in rows.items():
-        print(f"{name:34s} {r['requests']:5d} {r['tokens']:7d} {r['wall_s']:8.1f} {r['tok_s']:8.1f} "
-              f"{r['p50']:7.2f} {r['p99']:7.2f} {r['errors']:6d}")
-    base = rows["sequential generate (1 process)"]["tok_s"]
-    burst = rows[f"Serve, {args.requests} concurrent"]["tok_s"]
-    print(f"\nspeed-up (Serve batched / sequential tokens/s): {burst / base:.2f}x (target >= 4x)")
+    print(summary(rows, args.requests))
     print(f"replica batching: {stats}")
+
+
+def summary(rows: dict, requests: int) -> str:
+    """The table (each row with its requests: the sample size) and the speed-up against the sequential baseline."""
+    lines = [f"\n{'run':34s} {'reqs':>5s} {'tokens':>7s} {'wall s':>8s} {'tok/s':>8s} {'p50 s':>7s} {'p99 s':>7s} "
+             f"{'errors':>6s}"]
+    for name, r in rows.items():
+        lines.append(f"{name:34s} {r['requests']:5d} {r['tokens']:7d} {r['wall_s']:8.1f} {r['tok_s']:8.1f} "
+                     f"{r['p50']:7.2f} {r['p99']:7.2f} {r['errors']:6d}")
+    base = rows["sequential generate (1 process)"]
+    burst = rows[f"Serve, {requests} concurrent"]
+    lines.append(f"\nspeed-up (Serve batched / sequential tokens/s): {burst['tok_s'] / base['tok_s']:.2f}x (target >= 4x) "
+                 + note(f"{burst['requests']} requests through Serve", 1,
+                        f"sequential generate in one process, {base['requests']} requests"))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

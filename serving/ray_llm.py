@@ -13,6 +13,7 @@ s3:// / gs:// / azure:// (``LoraConfig.dynamic_lora_loading_path``), never from 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from dpsynth_core.errors import ConfigError
@@ -22,8 +23,25 @@ from serving.config import ModelDeploymentConfig, ServeConfig
 _RAY_OWNED_KEYS = ("model", "tokenizer")
 # Read by the replica's engine process: as dpsynth_core.engines.vllm_engine.vllm_process_env sets them
 # (quiet logs, no step timeout on a loaded machine); model files are local, nothing is downloaded.
-_ENGINE_ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600",
-               "VLLM_ENGINE_READY_TIMEOUT_S": "3600", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+_ENGINE_ENV = {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600", "VLLM_ENGINE_READY_TIMEOUT_S": "3600",
+               "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def job_env_vars() -> dict[str, str]:
+    """The env_vars of the Ray job this driver runs in (ray_jobs.cluster.ensure_ray: the quiet environment and the
+    worker setup hook, which Ray keeps as an env var). A replica's own env_vars replace the job's whole, so they
+    start from these. (vLLM's import-time "Triton is installed, but doesn't include CPU backend" notice still shows:
+    docs/results/serving.md, "Quiet output".) Empty without Ray."""
+    import ray
+
+    if not ray.is_initialized():
+        return {}
+    return dict((ray.get_runtime_context().runtime_env or {}).get("env_vars") or {})
+
+
+def engine_log_level() -> str:
+    """vLLM's log level in the replica: the caller's (ERROR once the CLI's quiet_process ran), else WARNING."""
+    return os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")
 
 
 def model_source(model: ModelDeploymentConfig) -> str:
@@ -72,7 +90,7 @@ def llm_config_kwargs(model: ModelDeploymentConfig, source: str, max_prompt_toke
         "engine_kwargs": engine,
         "deployment_config": deployment,
         "placement_group_config": {"bundles": [bundle]},
-        "runtime_env": {"env_vars": {**env, **_ENGINE_ENV}},
+        "runtime_env": {"env_vars": {**job_env_vars(), **env, **_ENGINE_ENV, "VLLM_LOGGING_LEVEL": engine_log_level()}},
         "log_engine_metrics": False,
     }
     if model.num_gpus <= 0:

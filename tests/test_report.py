@@ -43,8 +43,9 @@ def console_errors(console: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, biorxiv_csv, adult_dir):
-    """A tiny ACTG run and a tiny DPFairLLM run (configs/actg_tiny.yaml, configs/dpfair_tiny_test.yaml); the table
-    run in a second process while the text run runs here (the pair fits the test budget on two cores)."""
+    """A tiny ACTG run, a tiny DPFairLLM run and a tiny AIM run on its table (configs/actg_tiny.yaml,
+    configs/dpfair_tiny_test.yaml, configs/aim_tiny_test.yaml); the table runs in a second process while the text
+    run runs here (they fit the test budget on two cores)."""
     import subprocess
     import sys
 
@@ -57,16 +58,26 @@ def runs(tmp_path_factory, biorxiv_csv, adult_dir):
     table = yaml.safe_load((repo / "configs" / "dpfair_tiny_test.yaml").read_text())
     table.update(output_dir=str(base), schema_path=str(repo / table["schema_path"]))
     (base / "dpfair.yaml").write_text(yaml.safe_dump(table))
+    # a tiny AIM run on the same table (configs/aim_tiny_test.yaml with its columns), the --baseline of the fairness
+    # test: after the table run, in the same second process, while the text run still runs here
+    aim = yaml.safe_load((repo / "configs" / "aim_tiny_test.yaml").read_text())
+    aim.update(output_dir=str(base), schema_path=str(repo / aim["schema_path"]), columns=table["columns"],
+               evaluate_privacy=False)
+    (base / "aim.yaml").write_text(yaml.safe_dump(aim))
     dpfair = subprocess.Popen([sys.executable, "-c", "import sys; from dpsynth_core.tabular.config import "
-                               "load_dpfair_config; from dpsynth_core.tabular.pipeline import run_dpfair; "
-                               "print(run_dpfair(load_dpfair_config(sys.argv[1])))", str(base / "dpfair.yaml")],
+                               "load_aim_config, load_dpfair_config; from dpsynth_core.tabular.pipeline import "
+                               "run_dpfair; from dpsynth_core.tabular.aim_run import run_aim; "
+                               "print('run:dpfair', run_dpfair(load_dpfair_config(sys.argv[1]))); "
+                               "print('run:aim', run_aim(load_aim_config(sys.argv[2])))", str(base / "dpfair.yaml"),
+                               str(base / "aim.yaml")],
                               cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     raw = yaml.safe_load((repo / "configs" / "actg_tiny.yaml").read_text())
     raw.update(run_dir=str(base / "actg"), schema_path=str(repo / raw["schema_path"]))
     actg = run_pipeline(ActgConfig.model_validate(raw), resume=True)
     out, err = dpfair.communicate(timeout=600)
     assert dpfair.returncode == 0, err[-3000:]
-    return {"actg": Path(actg), "dpfair": Path(out.strip().splitlines()[-1])}
+    tables = dict(line.split(" ", 1) for line in out.splitlines() if line.startswith("run:"))  # AIM prints too
+    return {"actg": Path(actg), "dpfair": Path(tables["run:dpfair"]), "aim": Path(tables["run:aim"])}
 
 
 def _copy(run: Path, dest: Path) -> Path:
@@ -254,3 +265,43 @@ def test_dp_sweep_report_states_the_selection_epsilon(runs, tmp_path):
     assert report["sections"]["privacy"]["tables"][0]["rows"][0][1] == "hyperparameter_selection"
     assert any(f"Selection ε of the DP sweep: {total:.4f}" in n for n in report["sections"]["privacy"]["notes"])
     assert "ε of the DP sweep" in (best / "report.html").read_text()
+
+
+def test_fairness_shows_the_aim_baseline_beside_the_run(runs, tmp_path, monkeypatch, capsys):
+    """`dpsynth report RUN --baseline AIM_RUN`: AIM's DP / EO gaps (its synthetic table, the same classifiers, the same
+    real test rows) in their own columns of report.json and report.html; a baseline that does not fit is refused."""
+    aim_run = runs["aim"]
+    run = _copy(runs["dpfair"], tmp_path / "dpfair")
+    code, out = dpsynth(monkeypatch, capsys, "report", str(run), "--baseline", str(aim_run))
+    assert code == 0, out
+    report = json.loads((run / "report.json").read_text())
+    table = report["sections"]["fairness"]["tables"][0]
+    assert table["columns"] == ["attribute", "classifier", "DP gap (synthetic)", "DP gap (real)", "DP gap (AIM)",
+                                "EO gap (synthetic)", "EO gap (real)", "EO gap (AIM)"]
+    aim_tstr = json.loads((aim_run / "eval" / "report.json").read_text())["tstr"]
+    mine = json.loads((run / "eval" / "report.json").read_text())["tstr"]
+    assert aim_tstr["baseline"]["n_test"] == mine["baseline"]["n_test"] == 300  # the same test rows
+    from dpsynth_core.report.model import fmt
+
+    for attribute, model, dp_syn, _, dp_aim, eo_syn, _, eo_aim in table["rows"]:
+        assert (dp_syn, eo_syn) == (fmt(mine[model][f"dp_diff_{attribute}"]), fmt(mine[model][f"eo_diff_{attribute}"]))
+        assert (dp_aim, eo_aim) == (fmt(aim_tstr[model][f"dp_diff_{attribute}"]),
+                                    fmt(aim_tstr[model][f"eo_diff_{attribute}"]))
+    assert {r[0] for r in table["rows"]} == {"race", "sex"}
+    assert report["baselines"]["aim"]["run_dir"] == str(aim_run)
+    assert any(n.startswith("AIM baseline: AIM run") for n in report["sections"]["fairness"]["notes"])
+    html = (run / "report.html").read_text()
+    fairness_html = html[html.index('id="section-fairness"'):html.index('id="section-disclosure"')]
+    assert "<th>DP gap (AIM)</th>" in fairness_html and "<th>EO gap (AIM)</th>" in fairness_html
+
+    # refused whole, with one line: not an AIM run; an AIM run on other test rows
+    other = _copy(aim_run, tmp_path / "aim_other_test_rows")
+    config = (other / "config.yaml").read_text()
+    (other / "config.yaml").write_text(config.replace("test_rows: 300", "test_rows: 500"))
+    assert "test_rows: 500" in (other / "config.yaml").read_text()
+    for baseline, why in ((runs["dpfair"], "not an AIM run"), (other, "data.test_rows (300 vs 500)")):
+        fresh = _copy(runs["dpfair"], tmp_path / f"refused_{Path(baseline).name}")
+        before = _hashes(fresh)
+        code, out = dpsynth(monkeypatch, capsys, "report", str(fresh), "--baseline", str(baseline))
+        assert code == 2 and len(out.strip().splitlines()) == 1 and why in out, out
+        assert not (fresh / "report.json").exists() and _hashes(fresh) == before

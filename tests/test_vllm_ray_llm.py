@@ -38,6 +38,23 @@ def test_llm_config_carries_our_vllm_settings_and_cpu_placement() -> None:
     assert kwargs["model_loading_config"] == {"model_id": "smol", "model_source": "/models/smol"}
 
 
+def test_llm_config_keeps_the_replica_as_quiet_as_the_caller(monkeypatch) -> None:
+    """The replica's vLLM logs at the caller's level (the CLI sets ERROR) and its env_vars start from the job's
+    (ensure_ray's quiet env and setup hook): Ray replaces a job's env_vars whole with an actor's own."""
+    import serving.ray_llm as ray_llm
+
+    model = ModelDeploymentConfig(name="smol")
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "ERROR")
+    monkeypatch.setattr(ray_llm, "job_env_vars", lambda: {"HOOK": "dpsynth_core.quiet.ray_worker_setup",
+                                                          "VLLM_CPU_KVCACHE_SPACE": "9"})
+    env = llm_config_kwargs(model, "/m", max_prompt_tokens=100)["runtime_env"]["env_vars"]
+    assert env["VLLM_LOGGING_LEVEL"] == "ERROR" and env["HOOK"] == "dpsynth_core.quiet.ray_worker_setup"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "4"  # the model's own settings win over the job's
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL")
+    assert llm_config_kwargs(model, "/m", max_prompt_tokens=100)["runtime_env"]["env_vars"]["VLLM_LOGGING_LEVEL"] \
+        == "WARNING"  # as the offline engine's default (engines.vllm_engine.vllm_process_env)
+
+
 def test_llm_config_on_a_gpu_asks_for_one() -> None:
     kwargs = llm_config_kwargs(ModelDeploymentConfig(name="g", num_gpus=1), "/m", max_prompt_tokens=100)
     assert kwargs["placement_group_config"] == {"bundles": [{"CPU": 1.0, "GPU": 1}]}

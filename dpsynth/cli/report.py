@@ -7,15 +7,19 @@ from pathlib import Path
 import typer
 
 
-def report(run_dir: Path = typer.Argument(..., help="A finished run directory (or a DP sweep's directory).")) -> None:
+def report(run_dir: Path = typer.Argument(..., help="A finished run directory (or a DP sweep's directory)."),
+           baseline: Path | None = typer.Option(None, "--baseline", help="A finished AIM run on the same table "
+                                                "(columns, target, test rows): its fairness gaps beside this run's.")
+           ) -> None:
     """Write RUN_DIR/report.html and report.json (owner-side: they read real data) and add the dataset / model cards
     and the Parquet and Hugging Face exports to RUN_DIR/release/.
 
     Example: dpsynth report runs/actg_demo
+    Example: dpsynth report runs/dpfair/dpfair_eps4_1000 --baseline runs/aim/aim_eps4
     """
     from dpsynth_core.report import write_report
 
-    paths = write_report(run_dir)
+    paths = write_report(run_dir, baseline=baseline)
     typer.echo(f"report: {paths['html']} (owner-side; also {paths['json'].name})\n"
                f"release: {paths['release']} (cards and exports added; publish this folder only)")
 

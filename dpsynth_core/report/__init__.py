@@ -12,6 +12,7 @@ import json
 import time
 from pathlib import Path
 
+from dpsynth_core.report.aim_baseline import AimBaseline, read_aim_baseline
 from dpsynth_core.report.cards import write_cards
 from dpsynth_core.report.disclosure import disclosure_section
 from dpsynth_core.report.fairness import fairness_section
@@ -32,8 +33,8 @@ PLOTS = {"fidelity": ("plots/lengths.png", "plots/text_attribute_djs.png", "plot
          "disclosure": ("eval/dcr.png",)}
 
 
-def build_sections(facts: RunFacts) -> list[Section]:
-    sections = [privacy_section(facts), fidelity_section(facts), utility_section(facts), fairness_section(facts),
+def build_sections(facts: RunFacts, aim: AimBaseline | None = None) -> list[Section]:
+    sections = [privacy_section(facts), fidelity_section(facts), utility_section(facts), fairness_section(facts, aim),
                 disclosure_section(facts)]
     for s in sections:
         for rel in PLOTS.get(s.key, ()):
@@ -51,18 +52,24 @@ def _version() -> str:
         return "dev"
 
 
-def write_report(run_dir: str | Path) -> dict[str, Path]:
+def write_report(run_dir: str | Path, baseline: str | Path | None = None) -> dict[str, Path]:
     """Check ``run_dir``, add the cards and exports to its ``release/``, then write ``report.json`` and
-    ``report.html`` next to it (each written whole, atomically). Returns the paths by name."""
+    ``report.html`` next to it (each written whole, atomically). Returns the paths by name.
+
+    ``baseline``: a finished AIM run on the same table (columns, target, test rows), shown beside this run in the
+    fairness section (its gaps from its own owner-side evaluation)."""
     started = time.perf_counter()
     facts = read_run(run_dir)  # refuses a missing, unfinished or older run before anything is written
+    aim = read_aim_baseline(baseline, facts) if baseline is not None else None  # and a baseline that does not fit
     added = write_cards(facts.root, facts.method, privacy_unit(facts.ledger))
-    sections = build_sections(facts)
+    sections = build_sections(facts, aim)
     b = badge(facts)
     title = f"{facts.method} run '{facts.ledger.get('dataset', facts.root.name)}': report for the data owner"
     subtitle = f"Run directory {facts.root}" + (f" (released by the DP sweep in {run_dir})" if facts.sweep else "")
     data = {"format": REPORT_FORMAT, "method": facts.method, "run_dir": str(facts.root), "owner_side": True,
             "privacy_badge": b, "sections": {s.key: s.to_dict() for s in sections},
+            "baselines": {} if aim is None else {"aim": {"run_dir": str(aim.run_dir), "epsilon": aim.epsilon,
+                                                         "n_synthetic": aim.n_synthetic}},
             "release_added": added}
     html = render_html(title=title, subtitle=subtitle, badge=b, sections=sections, run_dir=str(facts.root),
                        version=_version())
