@@ -212,3 +212,36 @@ def test_djs_uses_scipys_default_base_e():
     a = pd.DataFrame({"x": ["u"] * 5})
     b = pd.DataFrame({"x": ["v"] * 5})
     assert marginal_djs(a, b, 1)["mean"] == pytest.approx(math.sqrt(math.log(2)))
+
+
+def test_auto_extractor_is_supervised_with_a_public_file_and_zero_shot_with_a_note_without(tmp_path):
+    with_file = ActgConfig(data={"public_path": str(tmp_path / "public.csv")})
+    assert with_file.extractor.kind == "supervised" and with_file.extractor_note() is None
+    assert with_file.reward_config(tmp_path).kind == "supervised"  # reward: the extractor, fitted on that file
+    without = ActgConfig()
+    assert without.extractor.kind == "embedding" and "data.public_path" in without.extractor_note()
+    assert ActgConfig(extractor={"kind": "embedding"}).extractor_note() is None  # a named kind: no note
+    assert ActgConfig(mode="vanilla").extractor_note() is None  # no attributes in the ablation
+
+
+def test_drawn_options_follow_the_classifiers_probabilities_record_by_record():
+    """AIM reads the drawn table: each record's option drawn from its own P(option | text) (so the table's margins
+    are the probabilities' means, not pulled towards the frequent option), the most likely ones for the generator;
+    ``proba`` is sklearn's predict_proba for the binary and the multi-class case."""
+    from sklearn.linear_model import LogisticRegression
+
+    from dpsynth_core.actg.supervised import _LinearField
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 3))
+    for n_classes in (2, 3):
+        y = [str(v) for v in (x[:, 0] + 0.8 * rng.normal(size=400) > 0).astype(int) + (x[:, 1] > 1) * (n_classes - 2)]
+        clf = LogisticRegression().fit(x, y)
+        field = _LinearField([str(c) for c in clf.classes_], clf.coef_, clf.intercept_)
+        np.testing.assert_allclose(field.proba(x), clf.predict_proba(x), atol=1e-9)
+        assert field.predict(x) == list(clf.predict(x))
+        rows = np.repeat(x[:5], 4000, axis=0)  # 5 records, many draws each
+        drawn = np.array(field.draw(rows, np.random.default_rng(1))).reshape(5, 4000)
+        for i in range(5):
+            freq = [np.mean(drawn[i] == c) for c in field.classes]
+            np.testing.assert_allclose(freq, field.proba(x[i:i + 1])[0], atol=0.03)
