@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from dpsynth_core.config.keys import move_keys
+from dpsynth_core.config.budget import BudgetConfig
 from dpsynth_core.config.record_level import RecordLevelData
 from dpsynth_core.config.placement import Dtype
 from dpsynth_core.config import (
@@ -95,11 +95,8 @@ class PEPrivacy(StrictConfig):
     delta: Annotated[float | Literal["1/(M ln M)"] | None, DELTA_CHECK] = None
 
 
-class PEConfig(StrictConfig):
-    """WASP (``method: wasp``) or Aug-PE (``method: augpe``)."""
-
-    # the budget under `privacy:` in every method; top-level `epsilon` / `delta` load for one release
-    moved_keys: ClassVar[dict[str, str]] = {"epsilon": "privacy.epsilon", "delta": "privacy.delta"}
+class PEConfig(BudgetConfig):
+    """WASP (``method: wasp``) or Aug-PE (``method: augpe``); the budget under ``privacy:`` (``BudgetConfig``)."""
 
     method: Literal["wasp", "augpe"]
     # a path or file:// URI (shared storage on a cluster); key `output_dir` (was `run_dir`: config/keys.py)
@@ -138,19 +135,6 @@ class PEConfig(StrictConfig):
     baselines: bool = False  # also evaluate "private samples only" (non-DP reference) and zero-shot generation
     parallel_plms: bool = True  # False: call the PLMs one after another (timing comparison only)
     mauve: bool = True
-
-    @model_validator(mode="before")
-    @classmethod
-    def _moved(cls, values):
-        return move_keys(values, cls.moved_keys)
-
-    @property
-    def epsilon(self) -> float:
-        return self.privacy.epsilon
-
-    @property
-    def delta(self) -> float | str | None:
-        return self.privacy.delta
 
     @model_validator(mode="after")
     def _check(self) -> PEConfig:

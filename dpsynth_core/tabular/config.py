@@ -9,11 +9,11 @@ they point at are read from their source by whichever process needs them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from dpsynth_core.config.keys import move_keys
+from dpsynth_core.config.budget import BudgetConfig
 from dpsynth_core.config.record_level import RecordLevelData
 from dpsynth_core.config.placement import Dtype
 from dpsynth_core.config import (
@@ -308,11 +308,8 @@ class TablePrivacy(StrictConfig):
     delta: float | None = Field(None, gt=0, lt=1)  # default min(1e-5, m^-1.1), m = the expected private rows
 
 
-class TableRunConfig(StrictConfig):
+class TableRunConfig(BudgetConfig):
     """What every tabular run shares: where the data and the public schema are, and the budget."""
-
-    # the budget under `privacy:` in every method; top-level `epsilon` / `delta` load for one release
-    moved_keys: ClassVar[dict[str, str]] = {"epsilon": "privacy.epsilon", "delta": "privacy.delta"}
 
     name: str
     output_dir: RunDirPath  # a path or file:// URI; shared storage on a cluster
@@ -322,19 +319,6 @@ class TableRunConfig(StrictConfig):
     privacy: TablePrivacy
     budget: BudgetSplit = Field(default_factory=BudgetSplit)
     evaluate_privacy: bool = True  # DCR + membership inference in the owner-side report
-
-    @model_validator(mode="before")
-    @classmethod
-    def _moved(cls, values):
-        return move_keys(values, cls.moved_keys)
-
-    @property
-    def epsilon(self) -> float:
-        return self.privacy.epsilon
-
-    @property
-    def delta(self) -> float | None:
-        return self.privacy.delta
 
     def run_dir(self) -> Path:
         """``output_dir/name``, absolute (a relative one is refused inside a submitted Ray job)."""
