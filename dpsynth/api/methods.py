@@ -60,11 +60,7 @@ class AugPE(_PE):
     method = "augpe"
 
 
-class _Table(Job):
-    has_reference_runs = False  # epsilon = inf needs noiseless domain / marginal / DP-SGD paths: not yet
-
-
-class DPFairLLM(_Table):
+class DPFairLLM(Job):
     """DPFairLLM: DP and fair tabular synthesis with a fine-tuned LLM."""
 
     method, config_class = "dpfair", DpFairConfig
@@ -80,7 +76,7 @@ class DPFairLLM(_Table):
         return run_on_ray(self.config, resume=resume)
 
 
-class AIM(_Table):
+class AIM(Job):
     """The AIM baseline (smartnoise-synth): one process, with or without a cluster."""
 
     method, config_class = "aim", AimConfig

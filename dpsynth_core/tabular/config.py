@@ -8,6 +8,7 @@ they point at are read from their source by whichever process needs them.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -21,6 +22,8 @@ from dpsynth_core.config import (
 )
 from dpsynth_core.config.resources import StageResources
 from dpsynth_core.dpsgd.config import LoraSettings
+from dpsynth_core.errors import ConfigError
+from dpsynth_core.privacy.reference_runs import check_reference_config, is_infinite
 from dpsynth_core.runs.storage import RunDirPath, require_durable_run_dir
 
 
@@ -303,8 +306,7 @@ class FairnessSettings(StrictConfig):
 
 
 class TablePrivacy(StrictConfig):
-    # finite: an epsilon = inf reference run needs noiseless domain, marginal and DP-SGD paths, not built yet
-    epsilon: float = Field(..., gt=0, allow_inf_nan=False)
+    epsilon: float = Field(..., gt=0)  # .inf: a non-private reference run, only with not_private: true
     delta: float | None = Field(None, gt=0, lt=1)  # default min(1e-5, m^-1.1), m = the expected private rows
 
 
@@ -318,7 +320,25 @@ class TableRunConfig(BudgetConfig):
     data: DataSettings = Field(default_factory=DataSettings)
     privacy: TablePrivacy
     budget: BudgetSplit = Field(default_factory=BudgetSplit)
+    not_private: bool = False  # required for privacy.epsilon = .inf (reference_runs.py); outputs marked
     evaluate_privacy: bool = True  # DCR + membership inference in the owner-side report
+
+    @model_validator(mode="after")
+    def _reference_run(self):
+        try:
+            check_reference_config(self.epsilon, self.not_private, "privacy.epsilon")
+        except ConfigError as exc:  # a validation error like every other field's
+            raise ValueError(str(exc)) from None
+        return self
+
+    @property
+    def is_reference(self) -> bool:
+        """epsilon = inf with not_private: true: exact counts, no DP-SGD noise or clipping; the ledger is marked."""
+        return is_infinite(self.epsilon)
+
+    def epsilon_share(self, fraction: float) -> float:
+        """A stage's share of epsilon (inf in a reference run, where inf x 0 would be nan)."""
+        return math.inf if self.is_reference else self.epsilon * fraction
 
     def run_dir(self) -> Path:
         """``output_dir/name``, absolute (a relative one is refused inside a submitted Ray job)."""

@@ -112,14 +112,22 @@ def _train(cfg: DpFairConfig, run: Path, schema: TableSchema, ser, base_model: s
     # DP-SGD is the last DP stage: start from what is left by plain subtraction, then fill_budget
     # lowers the noise until the ledger's (sub-additive) composed total reaches the budget.
     dcfg = DpSgdConfig(
-        model=base_model, lora=t.lora, epsilon=ledger.remaining_epsilon() * 0.995, steps=t.steps,
+        model=base_model, lora=t.lora, steps=t.steps,
+        epsilon=math.inf if cfg.is_reference else ledger.remaining_epsilon() * 0.995,
         expected_batch_size=t.expected_batch_size, physical_batch_size=t.physical_batch_size,
         learning_rate=t.learning_rate, max_grad_norm=t.max_grad_norm, clipping=t.clipping,  # type: ignore[arg-type]
         max_seq_len=t.max_seq_len, seed=t.seed, torch_threads=t.torch_threads, fill_budget=True,
         device=t.device, dtype=t.dtype,
         public_num_units=private_data.public_size(cfg),  # q from m: the drawn size stays out of the ledger
     )
-    res = train_dp_lora(examples, dcfg, output_dir=run / "train", ledger=ledger, stage="dpsgd", per_example_penalty=penalty)
+    if cfg.is_reference:  # epsilon = inf (not_private: true): the same training, sigma = 0, no clipping
+        from dpsynth_core.dpsgd.noiseless import train_noiseless_lora
+
+        res = train_noiseless_lora(examples, dcfg, output_dir=run / "train", ledger=ledger, stage="dpsgd",
+                                   per_example_penalty=penalty)
+    else:
+        res = train_dp_lora(examples, dcfg, output_dir=run / "train", ledger=ledger, stage="dpsgd",
+                            per_example_penalty=penalty)
     return {"epsilon": res.epsilon, "noise_multiplier": res.noise_multiplier, "steps": res.steps,
             "adapter_dir": str(res.adapter_dir), **({"eo_refreshes": eo.history} if eo is not None else {})}
 
@@ -179,7 +187,7 @@ def _pooled_targets(cfg: DpFairConfig, run: Path, schema: TableSchema, fair: Fai
     from dpsynth_core.tabular.dp_pooling import group_label_measurements, pooled_group_label_counts
     from dpsynth_core.tabular.fairness import FairnessTargets
 
-    if fair.counts is None:
+    if fair.counts is None or cfg.is_reference:  # a reference run's table is exact: nothing to pool
         return fair
     sigmas = _noise_scales(run)
     marginals = json.loads((run / MARGINALS_FILE).read_text()) if (run / MARGINALS_FILE).is_file() else None
@@ -261,7 +269,7 @@ def _calibrate(cfg: DpFairConfig, run: Path, schema: TableSchema, pool: pd.DataF
         weights = None
         if g.calibrate.label_cut == "raked":  # the feature tables only: the label is what is being set
             weights, _ = rake(pool, [m for m in margins if schema.target not in m.columns], max_weight=g.calibrate.max_weight)
-        prior_rows = g.calibrate.label_prior * _noise_sd(run, "dp_marginals") if g.calibrate.label_prior else 0.0
+        prior_rows = g.calibrate.label_prior * _noise_sd(run, "dp_marginals") if g.calibrate.label_prior and not cfg.is_reference else 0.0
         pool = relabel_from_dp_tables(pool, marginals, schema.target, schema.positive(), skip=tuple(parity),
                                       group_by=tuple(parity), rates=fair.targets_for(single, parity) if single else None,
                                       temperature=g.calibrate.label_temperature, seed=g.seed, weights=weights,
