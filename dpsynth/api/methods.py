@@ -93,7 +93,6 @@ class Train(Job):
     """`dpsynth train`: DP-SGD LoRA fine-tuning (Ray Train when ``train.num_workers > 1``)."""
 
     method, config_class = "train", TrainJobConfig
-    epsilon_key, delta_key = "train.epsilon", "train.delta"
     has_reference_runs = False
 
     def run(self, *, fresh: bool = False, cluster: str | None = None, resume_checkpoint: bool = True,

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from typing import ClassVar
+
+from pydantic import Field, field_validator, model_validator
 
 from dpsynth_core.config import StrictConfig, load_config
+from dpsynth_core.config.budget import BudgetConfig
+from dpsynth_core.config.keys import move_keys
 from dpsynth_core.dpsgd.config import DpSgdConfig
 from dpsynth_core.dpsgd.sources import TableExampleSource
 from dpsynth_core.errors import ConfigError
@@ -32,15 +36,39 @@ class TrainDataSpec(TableExampleSource):
 class LedgerSpec(StrictConfig):
     run_dir: str | None = None  # default: the output directory
     dataset: str = "private"
-    epsilon_budget: float | None = Field(None, gt=0)  # default: train.epsilon (used only when creating)
+    epsilon_budget: float | None = Field(None, gt=0)  # default: privacy.epsilon (used only when creating)
 
 
-class TrainJobConfig(StrictConfig):
+class TrainPrivacy(StrictConfig):
+    epsilon: float = Field(..., gt=0, allow_inf_nan=False)
+    delta: float | None = Field(None, gt=0, lt=1)  # default min(1e-5, m^-1.1), m the declared units
+
+
+class TrainJobConfig(BudgetConfig):
+    """The budget under ``privacy:`` as in every method (``train.epsilon`` / ``train.delta`` load for one
+    release); the DP-SGD engine's config (``train``) gets its copy before validation."""
+
+    moved_keys: ClassVar[dict[str, str]] = {"train.epsilon": "privacy.epsilon", "train.delta": "privacy.delta"}
+
     data: TrainDataSpec
+    privacy: TrainPrivacy
     train: DpSgdConfig
     output_dir: str = "runs/train"
     stage: str = "dpsgd"
     ledger: LedgerSpec = Field(default_factory=LedgerSpec)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, values):
+        values = move_keys(values, cls.moved_keys)
+        if isinstance(values, dict) and isinstance(values.get("privacy"), dict) and isinstance(values.get("train"), dict):
+            budget = {k: values["privacy"][k] for k in ("epsilon", "delta") if k in values["privacy"]}
+            values = {**values, "train": {**values["train"], **budget}}
+        return values
+
+    def snapshot(self) -> dict:
+        """The config as the rerun rule and ``config.yaml`` hold it: the budget once, under ``privacy``."""
+        return self.model_dump(mode="json", exclude={"train": {"epsilon", "delta"}})
 
     @field_validator("train")
     @classmethod
