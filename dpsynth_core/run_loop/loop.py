@@ -63,12 +63,13 @@ def run_method(method: Method, *, resume: bool = True, runner: Runner = local_ru
     root, stages = Path(method.run_dir()), method.stages()
     result = RunResult(root, Path(method.ledger_dir(root)), started)
     snapshot, ignore = method.identity()
-    if resume and refuse_changed_config(root, snapshot, ignore) and _finished(result, stages):
+    moved = getattr(type(method.config), "moved_keys", {})  # a run from before a key moved is named as such
+    if resume and refuse_changed_config(root, snapshot, ignore, moved) and _finished(result, stages):
         announce_finished(root)  # the rerun rule first: a finished run reads no data
         return result
     plan = method.privacy_plan()  # before anything is written: a bad config or file leaves nothing
     with RunLock(root):
-        open_run_dir(root, snapshot, resume=resume, ignore=ignore)
+        open_run_dir(root, snapshot, resume=resume, ignore=ignore, moved=moved)
         if _finished(result, stages):  # by another process while this one checked its data
             announce_finished(root)
             return result

@@ -1,0 +1,55 @@
+"""Keys that moved (issue 36): `dpsynth train`'s budget under `privacy:` like every method's, and a run
+made before a key moved is refused in one line that names --fresh (exit 2), never resumed silently."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_train_epsilon_loads_from_its_old_place_with_one_line(tmp_path, capsys):
+    from dpsynth_core.config import load_config
+    from dpsynth_core.dpsgd.train_job import TrainJobConfig
+
+    path = REPO / "configs" / "train_tiny.yaml"
+    raw = yaml.safe_load(path.read_text())
+    raw["train"]["epsilon"] = raw.pop("privacy")["epsilon"]
+    old = tmp_path / "train_old.yaml"
+    old.write_text(yaml.safe_dump(raw))
+    loaded = load_config(old, TrainJobConfig)
+    assert loaded == load_config(path, TrainJobConfig) and loaded.train.epsilon == loaded.epsilon == 2.0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "key 'train.epsilon' is now 'privacy.epsilon'" in err
+    raw["privacy"] = {"epsilon": 1.0}
+    old.write_text(yaml.safe_dump(raw))
+    with pytest.raises(Exception, match=r"give 'privacy.epsilon' only"):
+        load_config(old, TrainJobConfig)
+
+
+def test_a_run_made_before_a_key_moved_is_refused_in_one_line_naming_fresh(tmp_path, monkeypatch, capsys):
+    from dpsynth.cli.main import app
+    from dpsynth_core.config import load_config
+    from dpsynth_core.tabular.config import AimConfig
+
+    raw = yaml.safe_load((REPO / "configs" / "aim_tiny_test.yaml").read_text())
+    raw |= {"output_dir": str(tmp_path / "runs"), "schema_path": str(REPO / "configs" / "schemas" / "adult.yaml")}
+    path = tmp_path / "aim.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    old = load_config(path, AimConfig).model_dump(mode="json")
+    old |= {"epsilon": old["privacy"]["epsilon"], "delta": None}  # the snapshot before the budget moved
+    del old["privacy"]
+    run = tmp_path / "runs" / raw["name"]
+    (run / "stages").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump(old))
+    monkeypatch.setattr(sys, "argv", ["dpsynth", "run", "aim", "--config", str(path)])
+    with pytest.raises(SystemExit) as exit_:
+        app()
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1
+    assert "before its config keys moved (epsilon -> privacy.epsilon)" in err and "--fresh" in err
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "stages"]  # nothing written
