@@ -22,6 +22,7 @@ import yaml
 from pydantic import ValidationError
 
 from dpsynth.api.run import Run
+from dpsynth_core.run_loop import RunResult
 from dpsynth_core.errors import ConfigError
 
 J = TypeVar("J", bound="Job")
@@ -98,7 +99,7 @@ class Job(ABC):
         if cluster not in (None, "auto"):
             os.environ["RAY_ADDRESS"] = cluster
         run_dir = self._run_local(not fresh) if cluster is None else self._run_on_ray(not fresh)
-        return Run(Path(run_dir), Path(self._ledger_dir(Path(run_dir))), started)
+        return Run(RunResult(Path(run_dir), Path(self._ledger_dir(Path(run_dir))), started))
 
     def _ledger_dir(self, run_dir: Path) -> Path:
         return run_dir
