@@ -16,17 +16,12 @@ from dpsynth_core.tabular.config import AimConfig, DpFairConfig
 class ACTG(Job):
     """ACTG-ARL (attributes -> AIM features -> DP conditional generator -> Best-of-N -> Anchored RL)."""
 
-    method, config_class = "actg", ActgConfig
+    method, config_class, ray_driver = "actg", ActgConfig, "ray_jobs.actg"
 
     def _run_local(self, resume: bool) -> Path:
         from dpsynth_core.actg.pipeline import run_pipeline
 
         return run_pipeline(self.config, resume=resume)
-
-    def _run_on_ray(self, resume: bool) -> Path:
-        from ray_jobs.actg import run_on_ray
-
-        return run_on_ray(self.config, resume=resume)
 
 
 class _PE(Job):
@@ -34,6 +29,7 @@ class _PE(Job):
     backends start or join Ray either way)."""
 
     config_class: ClassVar[type] = PEConfig
+    ray_driver = "ray_jobs.pe_driver"
 
     def __init__(self, raw: dict, source: Path | None = None) -> None:
         super().__init__({"method": self.method, **raw}, source)
@@ -45,11 +41,6 @@ class _PE(Job):
         from ray_jobs.pe_backends import make_llms
 
         return run_pe_method(self.config, make_llms, resume=resume)
-
-    def _run_on_ray(self, resume: bool) -> Path:
-        from ray_jobs.pe_driver import run_on_ray
-
-        return run_on_ray(self.config, resume=resume)
 
 
 class WASP(_PE):
@@ -63,17 +54,12 @@ class AugPE(_PE):
 class DPFairLLM(Job):
     """DPFairLLM: DP and fair tabular synthesis with a fine-tuned LLM."""
 
-    method, config_class = "dpfair", DpFairConfig
+    method, config_class, ray_driver = "dpfair", DpFairConfig, "ray_jobs.dpfair"
 
     def _run_local(self, resume: bool) -> Path:
         from dpsynth_core.tabular.pipeline import run_dpfair
 
         return run_dpfair(self.config, resume=resume)
-
-    def _run_on_ray(self, resume: bool) -> Path:
-        from ray_jobs.dpfair import run_on_ray
-
-        return run_on_ray(self.config, resume=resume)
 
 
 class AIM(Job):
@@ -85,8 +71,6 @@ class AIM(Job):
         from dpsynth_core.tabular.aim_run import run_aim
 
         return run_aim(self.config, resume=resume)
-
-    _run_on_ray = _run_local
 
 
 class Train(Job):
@@ -115,8 +99,6 @@ class Train(Job):
         from dpsynth_core.run_loop import run_method
 
         return run_method(self.method_object(**getattr(self, "_options", {})), resume=resume).run_dir
-
-    _run_on_ray = _run_local
 
 
 METHODS: dict[str, type[Job]] = {cls.method: cls for cls in (ACTG, WASP, AugPE, DPFairLLM, AIM, Train)}
