@@ -51,5 +51,54 @@ def test_a_run_made_before_a_key_moved_is_refused_in_one_line_naming_fresh(tmp_p
         app()
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and len(err.splitlines()) == 1
-    assert "before its config keys moved (epsilon -> privacy.epsilon)" in err and "--fresh" in err
+    assert "before its config keys moved (epsilon -> privacy.epsilon, delta -> privacy.delta)" in err
+    assert "rerun with --fresh" in err
     assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "stages"]  # nothing written
+
+
+def test_dpfair_training_and_generation_devices_are_one_placement(tmp_path, capsys):
+    from dpsynth_core.config import load_config
+    from dpsynth_core.tabular.config import DpFairConfig
+
+    raw = yaml.safe_load((REPO / "configs" / "dpfair_tiny_test.yaml").read_text())
+    raw["schema_path"] = str(REPO / raw["schema_path"])
+    raw["training"] |= {"device": "cpu", "dtype": "fp32"}
+    raw["generation"] |= {"device": "cpu"}
+    path = tmp_path / "dpfair.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    cfg = load_config(path, DpFairConfig)
+    assert (cfg.placement.device, cfg.placement.dtype) == ("cpu", "float32")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 3 and "key 'generation.device' is now 'placement.device'" in err
+    raw["generation"]["device"] = "cuda"  # two old places that disagree: one placement cannot hold both
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(Exception, match="give 'placement.device' only"):
+        load_config(path, DpFairConfig)
+
+
+def test_train_placement_and_resources_reach_the_engine_and_ray_train(capsys):
+    from dpsynth_core.dpsgd.train_job import TrainJobConfig
+    from ray_jobs.dp_finetune import worker_request
+
+    raw = yaml.safe_load((REPO / "configs" / "train_tiny.yaml").read_text())
+    old = TrainJobConfig.model_validate({**raw, "train": {**raw["train"], "device": "cpu", "dtype": "bf16"}})
+    new = TrainJobConfig.model_validate({**raw, "placement": {"device": "cpu", "dtype": "bfloat16"},
+                                         "resources": {"cpus": 2, "gpus": 1}})
+    assert (old.train.device, old.train.dtype) == (new.train.device, new.train.dtype) == ("cpu", "bfloat16")
+    assert "device" not in new.snapshot()["train"] and new.snapshot()["placement"]["device"] == "cpu"
+    assert worker_request(new.train, new.resources) == (True, {"CPU": 2.0, "GPU": 1.0})
+    assert worker_request(old.train, old.resources) == (False, None)  # unset: Ray Train's default
+
+
+def test_pe_resources_are_every_ray_plms_default():
+    from dpsynth_core.pe.config import PEConfig
+
+    raw = yaml.safe_load((REPO / "configs" / "wasp_tiny.yaml").read_text())
+    raw["resources"] = {"cpus": 1, "memory_gb": 2}
+    raw["plms"][0]["resources"] = {"cpus": 2}
+    first, second = PEConfig.model_validate(raw).plms
+    assert (first.resources.cpus, first.resources.memory_gb) == (2, 2) and second.resources.cpus == 1
+    raw["resources"] = {"gpus": 0}
+    raw["plms"][1]["device"] = "cuda"  # a GPU PLM that the run's default would hide the GPU from
+    with pytest.raises(Exception, match="Ray hides GPUs"):
+        PEConfig.model_validate(raw)

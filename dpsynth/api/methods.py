@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import ClassVar
 
@@ -89,7 +90,9 @@ class Train(Job):
 
         runner = None
         if self.config.train.num_workers > 1:  # Ray Train: the API is the driver, it hands the engine the runner
-            from ray_jobs.dp_finetune import run_dp_finetune as runner
+            from ray_jobs.dp_finetune import run_dp_finetune
+
+            runner = functools.partial(run_dp_finetune, resources=self.config.resources)
         return TrainMethod(self.config, self.source or Path.cwd() / "train.yaml", train_runner=runner, **options)
 
     def _ledger_dir(self, run_dir: Path) -> Path:

@@ -72,23 +72,35 @@ def _has(raw, dotted: str) -> bool:
     return isinstance(raw, dict) and leaf in raw
 
 
+def _get(raw, dotted: str):
+    for key in dotted.split("."):
+        raw = raw[key]
+    return raw
+
+
 def move_keys(values, moves: dict[str, str]):
     """Before validation: each old key of ``moves`` (dotted: ``"train.epsilon"``) to its new place
     (``"privacy.epsilon"``); the sections on the way are copied, never the caller's mapping changed."""
     if not isinstance(values, dict) or not any(_has(values, old) for old in moves):
         return values
     values = dict(values)
+    moved_here: dict[str, bool] = {}  # new keys this call filled from an old place
     for old, new in moves.items():
         if not _has(values, old):
             continue
-        if _has(values, new):
-            raise ValueError(f"give '{new}' only ('{old}' is its old place)")
         *old_parents, old_leaf = old.split(".")
         node = values
         for key in old_parents:
             node[key] = dict(node[key])
             node = node[key]
         value = node.pop(old_leaf)
+        if _has(values, new):
+            if moved_here.get(new):  # two old places of one key (DPFairLLM's training.device, generation.device)
+                if value == _get(values, new):
+                    continue
+                raise ValueError(f"'{old}' differs from another old place of '{new}': give '{new}' only")
+            raise ValueError(f"give '{new}' only ('{old}' is its old place)")
+        moved_here[new] = True
         *new_parents, new_leaf = new.split(".")
         node = values
         for key in new_parents:

@@ -105,6 +105,8 @@ class PEConfig(BudgetConfig):
     prompts: str = "biorxiv"  # bundled prompt folder name or a directory
     data: PEDataConfig
     plms: list[PLMConfig] = Field(default_factory=lambda: [PLMConfig()], min_length=1, max_length=32)
+    # what every Ray PLM (backend ray_actor / serve) asks for, where its own `resources` leaves a field unset
+    resources: StageResources | None = None
     embedder: str = "minilm"
     privacy: PEPrivacy = Field(default_factory=PEPrivacy)
     not_private: bool = False
@@ -150,6 +152,9 @@ class PEConfig(BudgetConfig):
                 raise ValueError("federated_parties must equal the number of data.party_paths")
             self.federated_parties = len(self.data.party_paths)
         refuse_pinned_dp_seed("noise_seed", self.noise_seed)
+        if self.resources is not None:  # each PLM's own request first, then the run's (validated again)
+            self.plms = [PLMConfig.model_validate({**p.model_dump(), "resources": (p.resources or StageResources())
+                                                   .over(self.resources).model_dump()}) for p in self.plms]
         try:
             check_reference_config(self.epsilon, self.not_private, "privacy.epsilon")
         except ConfigError as exc:  # a validation error like every other field's

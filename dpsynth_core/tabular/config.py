@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from dpsynth_core.config.budget import BudgetConfig
 from dpsynth_core.config.record_level import RecordLevelData
-from dpsynth_core.config.placement import Dtype
+from dpsynth_core.config.placement import PlacementSettings
 from dpsynth_core.config import (
     BATCH_CAP, OUTPUT_ROWS_CAP, RECORDS_CAP, SEQ_LEN_CAP, STEPS_CAP, THREADS_CAP, StrictConfig, cap, load_config,
 )
@@ -159,9 +159,6 @@ class GenerationSettings(StrictConfig):
     seed: int = 0
     fairness: FairGenerationSettings = Field(default_factory=FairGenerationSettings)
     calibrate: CalibrationSettings = Field(default_factory=CalibrationSettings)
-    # where the generator runs (dpsynth_core.config.placement): auto is the GPU when the stage sees one
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Dtype = "auto"
 
 
 class DataSettings(RecordLevelData):
@@ -251,9 +248,6 @@ class TrainingSettings(StrictConfig):
     seed: int = 0  # column order of the serialized rows (data-independent) and the LoRA init
     torch_threads: Annotated[int | None, THREADS_CAP] = Field(2, ge=1)
     public_stage: PublicStageSettings = Field(default_factory=PublicStageSettings)
-    # where stage 1 and DP-SGD train (dpsynth_core.config.placement); LoRA weights stay fp32 under a bf16 base
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Dtype = "auto"
 
 
 class FairnessSettings(StrictConfig):
@@ -348,8 +342,14 @@ class TableRunConfig(BudgetConfig):
 class DpFairConfig(TableRunConfig):
     """DPFairLLM: DP-SGD LoRA fine-tuning on serialized rows with fairness terms; fair generation."""
 
+    # training.device / generation.device (and dtype) are one placement: the model stage is one Ray task
+    moved_keys: ClassVar[dict[str, str]] = {
+        **TableRunConfig.moved_keys, **{f"{stage}.{key}": f"placement.{key}"
+                                        for stage in ("training", "generation") for key in ("device", "dtype")}}
+
     name: str = "dpfair"
     output_dir: RunDirPath = Path("runs/dpfair")
+    placement: PlacementSettings = Field(default_factory=PlacementSettings)  # train and generate (the model stage)
     serialization: SerializationSettings = Field(default_factory=SerializationSettings)
     training: TrainingSettings = Field(default_factory=TrainingSettings)
     fairness: FairnessSettings = Field(default_factory=FairnessSettings)

@@ -40,12 +40,10 @@ def stage_model(cfg: DpFairConfig, root: str) -> dict:
     """
     import torch
 
-    from dpsynth_core.config.placement import resolve_placement
     from dpsynth_core.tabular.serialize import RowSerializer
 
     # A forced device this process cannot see fails here, before the private rows are read.
-    resolve_placement(cfg.training.device, cfg.training.dtype, section="training.")
-    resolve_placement(cfg.generation.device, cfg.generation.dtype, section="generation.")
+    cfg.placement.resolve()
     run = Path(root)
     marks = StageMarkers(run)
     schema = resolved_schema(run)
@@ -66,7 +64,6 @@ def _public_stage(cfg: DpFairConfig, run: Path, schema: TableSchema) -> tuple[st
     """Stage 1 (no private data, nothing in the ledger): the model DP-SGD starts from, and a summary.
 
     The merged model is cached beside the run directory under the hash of its public inputs."""
-    from dpsynth_core.config.placement import resolve_placement
     from dpsynth_core.tabular.public_stage import stage_key, train_public_stage
     from dpsynth_core.tabular.serialize import RowSerializer
 
@@ -82,7 +79,7 @@ def _public_stage(cfg: DpFairConfig, run: Path, schema: TableSchema) -> tuple[st
     key = stage_key(t.model, schema, settings, {**s.model_dump(mode="json"), "seed": t.seed})
     out = run.parent / ".public_stage" / key
     summary = train_public_stage(t.model, ser, t.public_stage, t.lora, out, max_seq_len=t.max_seq_len,
-                                 placement=resolve_placement(t.device, t.dtype, section="training."), marginals=marginals)
+                                 placement=cfg.placement.resolve(), marginals=marginals)
     settings.pop("marginals", None)  # in the run directory already (dp_marginals.json)
     atomic_write_text(run / "public_stage.json", json.dumps({"base_model": t.model, "key": key, "settings": settings,
                                                              "serialization": s.model_dump(mode="json"), **summary}, indent=2))
@@ -117,7 +114,7 @@ def _train(cfg: DpFairConfig, run: Path, schema: TableSchema, ser, base_model: s
         expected_batch_size=t.expected_batch_size, physical_batch_size=t.physical_batch_size,
         learning_rate=t.learning_rate, max_grad_norm=t.max_grad_norm, clipping=t.clipping,  # type: ignore[arg-type]
         max_seq_len=t.max_seq_len, seed=t.seed, torch_threads=t.torch_threads, fill_budget=True,
-        device=t.device, dtype=t.dtype,
+        device=cfg.placement.device, dtype=cfg.placement.dtype,
         public_num_units=private_data.public_size(cfg),  # q from m: the drawn size stays out of the ledger
     )
     if cfg.is_reference:  # epsilon = inf (not_private: true): the same training, sigma = 0, no clipping
@@ -133,14 +130,13 @@ def _train(cfg: DpFairConfig, run: Path, schema: TableSchema, ser, base_model: s
 
 
 def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path, base_model: str) -> dict:
-    from dpsynth_core.config.placement import resolve_placement
     from dpsynth_core.engines.adapters import load_hf_model
     from dpsynth_core.privacy import PostProcessingEvent
     from dpsynth_core.tabular.generation import generate_rows
 
     ledger = run_ledger(run)
     g = _generation_settings(cfg, run)
-    model, tok = load_hf_model(base_model, adapter, resolve_placement(g.device, g.dtype, section="generation."))
+    model, tok = load_hf_model(base_model, adapter, cfg.placement.resolve())
     ledger.check("generate", PostProcessingEvent())
     t0 = time.time()
     calibration = None
