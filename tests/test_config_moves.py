@@ -31,7 +31,7 @@ def test_train_epsilon_loads_from_its_old_place_with_one_line(tmp_path, capsys):
         load_config(old, TrainJobConfig)
 
 
-def test_a_run_made_before_a_key_moved_is_refused_in_one_line_naming_fresh(tmp_path, monkeypatch, capsys):
+def test_a_run_made_before_a_key_moved_is_refused_naming_fresh_unless_it_finished(tmp_path, monkeypatch, capsys):
     from dpsynth.cli.main import app
     from dpsynth_core.config import load_config
     from dpsynth_core.tabular.config import AimConfig
@@ -54,6 +54,14 @@ def test_a_run_made_before_a_key_moved_is_refused_in_one_line_naming_fresh(tmp_p
     assert "before its config keys moved (epsilon -> privacy.epsilon, delta -> privacy.delta)" in err
     assert "rerun with --fresh" in err
     assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "stages"]  # nothing written
+    # finished before the keys moved: its outputs stand, nothing runs (never "--fresh", which spends again)
+    from dpsynth_core.run_loop import run_method
+    from dpsynth_core.tabular.aim_run import AimMethod
+
+    for stage in ("prepare", "aim", "evaluate"):
+        (run / "stages" / f"{stage}.done").write_text("{}")
+    run_method(AimMethod(load_config(path, AimConfig)))
+    assert "already finished" in capsys.readouterr().err and not (run / "ledger.sqlite").exists()
 
 
 def test_dpfair_training_and_generation_devices_are_one_placement(tmp_path, capsys):

@@ -30,6 +30,7 @@ from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir, ref
 from dpsynth_core.runs.contract import Method, Runner, Stage, StageInterrupted, UndeclaredPrivacyEvent, local_runner
 from dpsynth_core.runs.files import atomic_write_text
 from dpsynth_core.runs.lock import RunLock
+from dpsynth_core.runs.run_dir import MovedKeysRun
 from dpsynth_core.runs.release import release_dir, write_release
 
 # Called with the run directory once its release is written: where a run report is written (`dpsynth report`).
@@ -64,7 +65,13 @@ def run_method(method: Method, *, resume: bool = True, runner: Runner = local_ru
     result = RunResult(root, Path(method.ledger_dir(root)), started)
     snapshot, ignore = method.identity()
     moved = getattr(type(method.config), "moved_keys", {})  # a run from before a key moved is named as such
-    if resume and refuse_changed_config(root, snapshot, ignore, moved) and _finished(result, stages):
+    try:
+        same_run = resume and refuse_changed_config(root, snapshot, ignore, moved)
+    except MovedKeysRun:
+        if not (resume and _finished(result, stages)):
+            raise
+        same_run = True  # finished before its keys moved: its outputs stand, nothing to run again
+    if same_run and _finished(result, stages):
         announce_finished(root)  # the rerun rule first: a finished run reads no data
         return result
     plan = method.privacy_plan()  # before anything is written: a bad config or file leaves nothing

@@ -93,6 +93,10 @@ def move_aside(root: Path) -> Path | None:
     return aside
 
 
+class MovedKeysRun(ConfigError):
+    """The run directory holds a run whose config differs only by keys that moved since it was made."""
+
+
 def _only_moved(diff: list[str], moved: Mapping[str, str]) -> list[str]:
     """The moves (``old -> new``) that explain every changed key, or [] when some change is not a move."""
     places = {p for pair in moved.items() for p in pair}
@@ -114,8 +118,9 @@ def refuse_changed_config(root: Path, snapshot: dict, ignore: tuple[str, ...] = 
     diff = changed_keys(old, yaml.safe_load(snapshot_text(snapshot)), ignore)
     moves = _only_moved(diff, moved or {})
     if moves:
-        raise ConfigError(f"{root}: this run was made before its config keys moved ({', '.join(moves)}) and cannot "
-                          "resume under the new ones; rerun with --fresh (the old run is moved aside with its ledger)")
+        raise MovedKeysRun(f"{root}: this run was made before its config keys moved ({', '.join(moves)}) and cannot "
+                           "resume under the new ones; rerun with --fresh (the old run and its ledger are moved aside; "
+                           "the new run spends its budget again)")
     if diff:
         raise ConfigError(
             f"{root}: this run was made with a different config (changed: {', '.join(diff)}); its outputs and "
