@@ -1,5 +1,6 @@
-"""Keys that moved (issue 36): `dpsynth train`'s budget under `privacy:` like every method's, and a run
-made before a key moved is refused in one line that names --fresh (exit 2), never resumed silently."""
+"""Keys that moved (issue 36): `dpsynth train`'s budget under `privacy:` and the device under `placement:` like
+every method's, `resources` for PE and train, and an unfinished run made before a key moved is refused in one line
+that names --fresh (exit 2), never resumed silently (a finished one stays finished)."""
 
 from __future__ import annotations
 
