@@ -7,15 +7,13 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from dpsynth_core.config.budget import BudgetConfig
 from dpsynth_core.config.record_level import RecordLevelData
 from dpsynth_core.config.placement import Dtype
 from dpsynth_core.config import (
     BATCH_CAP, DELTA_CHECK, NEW_TOKENS_CAP, OUTPUT_ROWS_CAP, RECORDS_CAP, TEXT_CHARS_CAP, THREADS_CAP, StrictConfig, cap,
 )
 from dpsynth_core.config.resources import StageResources
-from dpsynth_core.errors import ConfigError
-from dpsynth_core.privacy.reference_runs import is_infinite
+from dpsynth_core.privacy.reference_runs import ReferenceRunConfig
 from dpsynth_core.runs.storage import RunDirPath
 
 
@@ -95,8 +93,9 @@ class PEPrivacy(StrictConfig):
     delta: Annotated[float | Literal["1/(M ln M)"] | None, DELTA_CHECK] = None
 
 
-class PEConfig(BudgetConfig):
-    """WASP (``method: wasp``) or Aug-PE (``method: augpe``); the budget under ``privacy:`` (``BudgetConfig``)."""
+class PEConfig(ReferenceRunConfig):
+    """WASP (``method: wasp``) or Aug-PE (``method: augpe``); the budget under ``privacy:``, epsilon = inf
+    with ``not_private: true``: no vote noise (``ReferenceRunConfig``)."""
 
     method: Literal["wasp", "augpe"]
     # a path or file:// URI (shared storage on a cluster); key `output_dir` (was `run_dir`: config/keys.py)
@@ -109,7 +108,6 @@ class PEConfig(BudgetConfig):
     resources: StageResources | None = None
     embedder: str = "minilm"
     privacy: PEPrivacy = Field(default_factory=PEPrivacy)
-    not_private: bool = False
     iterations: Annotated[int, cap(1000, 'noisy votes, each a full round of generation')] = Field(2, ge=1)  # T noisy votes
     num_synthetic: Annotated[int, OUTPUT_ROWS_CAP] = Field(50, ge=2)  # size of the final synthetic set
     q: Annotated[int, cap(1024, 'Top-Q votes per private record')] = Field(8, ge=1)  # WASP Top-Q
@@ -141,7 +139,6 @@ class PEConfig(BudgetConfig):
     @model_validator(mode="after")
     def _check(self) -> PEConfig:
         from dpsynth_core.privacy.randomness import refuse_pinned_dp_seed
-        from dpsynth_core.privacy.reference_runs import check_reference_config
 
         if self.data.source == "file" and self.data.path is None and not self.data.party_paths:
             raise ValueError("data.path (or data.party_paths) is required when data.source is 'file'")
@@ -155,13 +152,4 @@ class PEConfig(BudgetConfig):
         if self.resources is not None:  # each PLM's own request first, then the run's (validated again)
             self.plms = [PLMConfig.model_validate({**p.model_dump(), "resources": (p.resources or StageResources())
                                                    .over(self.resources).model_dump()}) for p in self.plms]
-        try:
-            check_reference_config(self.epsilon, self.not_private, "privacy.epsilon")
-        except ConfigError as exc:  # a validation error like every other field's
-            raise ValueError(str(exc)) from None
         return self
-
-    @property
-    def is_reference(self) -> bool:
-        """epsilon = inf (allowed only with not_private: true): no vote noise, ledger marked."""
-        return is_infinite(self.epsilon)

@@ -14,7 +14,6 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from dpsynth_core.config.budget import BudgetConfig
 from dpsynth_core.config.record_level import RecordLevelData
 from dpsynth_core.config.placement import PlacementSettings
 from dpsynth_core.config import (
@@ -22,8 +21,7 @@ from dpsynth_core.config import (
 )
 from dpsynth_core.config.resources import StageResources
 from dpsynth_core.dpsgd.config import LoraSettings
-from dpsynth_core.errors import ConfigError
-from dpsynth_core.privacy.reference_runs import check_reference_config, is_infinite
+from dpsynth_core.privacy.reference_runs import ReferenceRunConfig
 from dpsynth_core.runs.storage import RunDirPath, require_durable_run_dir
 
 
@@ -304,8 +302,9 @@ class TablePrivacy(StrictConfig):
     delta: float | None = Field(None, gt=0, lt=1)  # default min(1e-5, m^-1.1), m = the expected private rows
 
 
-class TableRunConfig(BudgetConfig):
-    """What every tabular run shares: where the data and the public schema are, and the budget."""
+class TableRunConfig(ReferenceRunConfig):
+    """What every tabular run shares: where the data and the public schema are, and the budget (epsilon = inf
+    with ``not_private: true``: exact counts, no DP-SGD noise or clipping; ``ReferenceRunConfig``)."""
 
     name: str
     output_dir: RunDirPath  # a path or file:// URI; shared storage on a cluster
@@ -314,21 +313,7 @@ class TableRunConfig(BudgetConfig):
     data: DataSettings = Field(default_factory=DataSettings)
     privacy: TablePrivacy
     budget: BudgetSplit = Field(default_factory=BudgetSplit)
-    not_private: bool = False  # required for privacy.epsilon = .inf (reference_runs.py); outputs marked
     evaluate_privacy: bool = True  # DCR + membership inference in the owner-side report
-
-    @model_validator(mode="after")
-    def _reference_run(self):
-        try:
-            check_reference_config(self.epsilon, self.not_private, "privacy.epsilon")
-        except ConfigError as exc:  # a validation error like every other field's
-            raise ValueError(str(exc)) from None
-        return self
-
-    @property
-    def is_reference(self) -> bool:
-        """epsilon = inf with not_private: true: exact counts, no DP-SGD noise or clipping; the ledger is marked."""
-        return is_infinite(self.epsilon)
 
     def epsilon_share(self, fraction: float) -> float:
         """A stage's share of epsilon (inf in a reference run, where inf x 0 would be nan)."""
