@@ -111,3 +111,21 @@ def test_pe_resources_are_every_ray_plms_default():
     raw["plms"][1]["device"] = "cuda"  # a GPU PLM that the run's default would hide the GPU from
     with pytest.raises(Exception, match="Ray hides GPUs"):
         PEConfig.model_validate(raw)
+
+
+def test_actg_and_pe_placement_is_every_stages_default_and_a_stage_may_override_it():
+    from dpsynth_core.actg.config import ActgConfig
+    from dpsynth_core.pe.config import PEConfig
+    from dpsynth_core.runs.run_dir import changed_keys
+
+    cfg = ActgConfig(placement={"device": "cpu", "dtype": "bf16"}, generation={"device": "cuda"})
+    assert (cfg.generation.device, cfg.generation.dtype) == ("cuda", "bfloat16")  # its own device, the dtype
+    assert (cfg.rl.device, cfg.extractor.device, cfg.generator["device"]) == ("cpu", "cpu", "cpu")
+    raw = yaml.safe_load((REPO / "configs" / "wasp_tiny.yaml").read_text())
+    raw["plms"][1]["device"] = "cuda"
+    plms = PEConfig.model_validate({**raw, "placement": {"device": "cpu"}}).plms
+    assert [p.device for p in plms] == ["cpu", "cuda"]
+    # unset, the new keys leave a run made before them the same run (the rerun rule sees no change)
+    snapshot = PEConfig.model_validate(raw).model_dump(mode="json")
+    before = {k: v for k, v in snapshot.items() if k not in ("placement", "resources")}
+    assert changed_keys(before, snapshot) == []

@@ -54,6 +54,12 @@ class PlacementSettings(StrictConfig):
     def resolve(self, *, local_rank: int = 0) -> Placement:
         return resolve_placement(self.device, self.dtype, local_rank=local_rank, section="placement.")
 
+    def under(self, stage: dict) -> dict:
+        """A stage's ``device``/``dtype`` (a config mapping) with what it leaves ``auto`` taken from this
+        placement: a method's stages (ACTG) or PLMs (WASP, Aug-PE) may each override the method's placement."""
+        mine = {k: getattr(self, k) for k in ("device", "dtype") if getattr(self, k) != "auto"}
+        return {**stage, **{k: v for k, v in mine.items() if stage.get(k, "auto") == "auto"}}
+
 
 def gpu_visible() -> bool:
     """True when this process can use a CUDA GPU (Ray hides GPUs from tasks that asked for none)."""

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from dpsynth_core.config.record_level import RecordLevelData
-from dpsynth_core.config.placement import Dtype
+from dpsynth_core.config.placement import Dtype, PlacementSettings
 from dpsynth_core.config import (
     BATCH_CAP, DELTA_CHECK, NEW_TOKENS_CAP, OUTPUT_ROWS_CAP, RECORDS_CAP, TEXT_CHARS_CAP, THREADS_CAP, StrictConfig, cap,
 )
@@ -104,7 +104,10 @@ class PEConfig(ReferenceRunConfig):
     prompts: str = "biorxiv"  # bundled prompt folder name or a directory
     data: PEDataConfig
     plms: list[PLMConfig] = Field(default_factory=lambda: [PLMConfig()], min_length=1, max_length=32)
-    # what every Ray PLM (backend ray_actor / serve) asks for, where its own `resources` leaves a field unset
+    # every PLM's device and dtype where its own are auto, and what every Ray PLM (backend ray_actor / serve)
+    # asks for where its own `resources` leaves a field unset
+    # (None: unset, so a run made before these keys existed is the same run: runs/run_dir.changed_keys)
+    placement: PlacementSettings | None = None
     resources: StageResources | None = None
     embedder: str = "minilm"
     privacy: PEPrivacy = Field(default_factory=PEPrivacy)
@@ -136,6 +139,14 @@ class PEConfig(ReferenceRunConfig):
     parallel_plms: bool = True  # False: call the PLMs one after another (timing comparison only)
     mauve: bool = True
 
+    def _plm_defaults(self, plm: dict) -> dict:
+        """A PLM's settings, where it leaves them unset, from the run's ``placement`` and ``resources``."""
+        if self.placement is not None:
+            plm = self.placement.under(plm)
+        if self.resources is not None:
+            plm["resources"] = StageResources.model_validate(plm.get("resources") or {}).over(self.resources).model_dump()
+        return plm
+
     @model_validator(mode="after")
     def _check(self) -> PEConfig:
         from dpsynth_core.privacy.randomness import refuse_pinned_dp_seed
@@ -149,7 +160,5 @@ class PEConfig(ReferenceRunConfig):
                 raise ValueError("federated_parties must equal the number of data.party_paths")
             self.federated_parties = len(self.data.party_paths)
         refuse_pinned_dp_seed("noise_seed", self.noise_seed)
-        if self.resources is not None:  # each PLM's own request first, then the run's (validated again)
-            self.plms = [PLMConfig.model_validate({**p.model_dump(), "resources": (p.resources or StageResources())
-                                                   .over(self.resources).model_dump()}) for p in self.plms]
+        self.plms = [PLMConfig.model_validate(self._plm_defaults(p.model_dump())) for p in self.plms]
         return self
