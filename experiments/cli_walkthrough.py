@@ -86,11 +86,11 @@ def setup(work: Path) -> dict[str, Path]:
     aim = cfg("aim_tiny_test.yaml")
     aim["output_dir"] = str(work / "runs" / "aim")
     paths["aim"] = write_yaml(work / "aim.yaml", aim)
-    paths["aim_eps1"] = write_yaml(work / "aim_eps1.yaml", {**aim, "epsilon": 1.0})
+    paths["aim_eps1"] = write_yaml(work / "aim_eps1.yaml", {**aim, "privacy": {**aim["privacy"], "epsilon": 1.0}})
     train = cfg("train_tiny.yaml")
     train["output_dir"] = str(work / "runs" / "train")
     paths["train"] = write_yaml(work / "train.yaml", train)
-    paths["train_eps1"] = write_yaml(work / "train_eps1.yaml", {**train, "train": {**train["train"], "epsilon": 1.0}})
+    paths["train_eps1"] = write_yaml(work / "train_eps1.yaml", {**train, "privacy": {**train["privacy"], "epsilon": 1.0}})
     # eval tabular: a real-test file with a bad value in one row
     adult_test = work / "adult_bad_test.csv"
     header = "age,education,sex,hours_per_week,income"

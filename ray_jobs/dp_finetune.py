@@ -35,6 +35,7 @@ from dpsynth_core.dpsgd.checkpoint import (
     load_checkpoint,
     write_checkpoint_files,
 )
+from dpsynth_core.config.resources import StageResources
 from dpsynth_core.dpsgd.config import DpSgdConfig, TrainResult
 from dpsynth_core.dpsgd.sources import ExampleSource, is_shippable
 from dpsynth_core.dpsgd.trainer import finalize_run, new_sampling_seed, new_train_state, prepare_stage
@@ -164,6 +165,20 @@ def _use_gpu(config: DpSgdConfig) -> bool:
     return ray.is_initialized() and ray.cluster_resources().get("GPU", 0) >= 1
 
 
+def worker_request(config: DpSgdConfig, resources: StageResources | None) -> tuple[bool, dict | None]:
+    """(use_gpu, resources_per_worker) of each Ray Train worker: the job's ``resources`` when given (a GPU
+    asked for there, or by ``device: cuda``, is one per worker unless it says how many), else Train's default."""
+    use_gpu = bool(resources is not None and resources.gpus) or _use_gpu(config)
+    if resources is None:
+        return use_gpu, None
+    per_worker: dict = {"CPU": resources.cpus if resources.cpus is not None else 1}
+    if use_gpu:
+        per_worker["GPU"] = resources.gpus or 1
+    if resources.memory_gb:
+        per_worker["memory"] = int(resources.memory_gb * 1024**3)
+    return use_gpu, per_worker
+
+
 def run_dp_finetune(
     source: ExampleSource,
     config: DpSgdConfig,
@@ -175,6 +190,7 @@ def run_dp_finetune(
     progress: bool = True,
     resume: bool = True,
     max_failures: int = 1,
+    resources: StageResources | None = None,
 ) -> TrainResult:
     """DP-SGD LoRA on ``config.num_workers`` Ray Train workers; same outputs as ``train_dp_lora``
     (a ``dpsynth_core.dpsgd.trainer.DistributedRunner``: pass it as ``train_dp_lora(..., runner=)``).
@@ -210,7 +226,7 @@ def run_dp_finetune(
     from ray_jobs.cluster import ensure_ray
 
     ensure_ray()  # join the cluster (RAY_ADDRESS / submitted job) or embed a local Ray
-    use_gpu = _use_gpu(config)
+    use_gpu, per_worker = worker_request(config, resources)
     secret = ray.put({"sampling_seed": sampling_seed, "per_example_penalty": per_example_penalty})
     trainer = TorchTrainer(
         _train_loop,
@@ -223,7 +239,7 @@ def run_dp_finetune(
             "resume_dir": str(resume_dir) if resume_dir else None,
             "progress": progress,
         },
-        scaling_config=ScalingConfig(num_workers=config.num_workers, use_gpu=use_gpu),
+        scaling_config=ScalingConfig(num_workers=config.num_workers, use_gpu=use_gpu, resources_per_worker=per_worker),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         run_config=RunConfig(
             name=_run_name(fingerprint),

@@ -23,9 +23,9 @@ from ray_jobs.cluster import OFFLINE_ENV, ensure_ray, run_stage_task, stage_in_r
 
 
 def model_stage_resources(cfg: DpFairConfig):
-    """The config's resources, with a GPU asked for where training or generation forces ``cuda``
+    """The config's resources, with a GPU asked for where ``placement.device`` forces ``cuda``
     (Ray hides GPUs from a task that asks for none)."""
-    if "cuda" in (cfg.training.device, cfg.generation.device) and not cfg.resources.gpus:
+    if cfg.placement.device == "cuda" and not cfg.resources.gpus:
         return cfg.resources.model_copy(update={"gpus": 1.0})
     return cfg.resources
 

@@ -68,10 +68,10 @@ def test_the_working_set_size_has_one_name_and_the_old_ones_load_with_a_line(con
 
 def test_dtype_is_spelled_one_way_and_the_short_aliases_load():
     from dpsynth_core.dpsgd import DpSgdConfig
-    from dpsynth_core.tabular.config import TrainingSettings
+    from dpsynth_core.config.placement import PlacementSettings
 
     assert DpSgdConfig(model="tiny-llama", epsilon=1.0, steps=1, dtype="bf16").dtype == "bfloat16"
-    assert TrainingSettings(dtype="fp32").dtype == "float32" == TrainingSettings(dtype="float32").dtype
+    assert PlacementSettings(dtype="fp32").dtype == "float32" == PlacementSettings(dtype="float32").dtype
 
 
 @pytest.mark.parametrize("config", ["actg_tiny.yaml", "wasp_tiny.yaml", "dpfair_tiny_test.yaml"])

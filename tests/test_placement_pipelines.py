@@ -79,7 +79,7 @@ def test_dpfair_model_stage_forced_onto_cuda_fails_before_the_private_rows_are_r
 
     cfg = _dpfair(tmp_path, **{section: {"device": "cuda"}})
     (tmp_path / "run").mkdir()
-    with pytest.raises(ConfigError, match=rf"field '{section}.device': 'cuda' requested"):
+    with pytest.raises(ConfigError, match=r"field 'placement.device': 'cuda' requested"):  # was {section}.device
         stage_model(cfg, str(tmp_path / "run"))
 
 
@@ -107,6 +107,7 @@ def test_dpfair_generation_on_a_gpu_node_asks_for_cuda_bf16(tmp_path, fake_gpu):
 
 
 def test_dpfair_engine_generator_takes_the_generation_device(fake_gpu):
+    from dpsynth_core.config.placement import PlacementSettings
     from dpsynth_core.tabular.config import GenerationSettings
     from dpsynth_core.tabular.generation import open_row_generator
 
@@ -114,5 +115,6 @@ def test_dpfair_engine_generator_takes_the_generation_device(fake_gpu):
         open_row_generator("tiny-llama", None, GenerationSettings(), engine="hf")
     assert asked_for_gpu_bf16(err.value)
     with pytest.raises(LoaderReached) as err:
-        open_row_generator("tiny-llama", None, GenerationSettings(device="cpu"), engine="hf")
+        open_row_generator("tiny-llama", None, GenerationSettings(), engine="hf",
+                           placement=PlacementSettings(device="cpu"))
     assert err.value.placement.device == "cpu"

@@ -89,8 +89,8 @@ def test_train_delta_one_named_at_config_load(tmp_path):
     from dpsynth_core.config import load_config
 
     raw = yaml.safe_load((REPO / "configs" / "train_tiny.yaml").read_text())
-    raw["train"]["delta"] = 1.0
-    with pytest.raises(ConfigError, match=r"field 'train\.delta'"):
+    raw["privacy"]["delta"] = 1.0
+    with pytest.raises(ConfigError, match=r"field 'privacy\.delta'"):
         load_config(write_yaml(tmp_path / "t.yaml", raw), TrainJobConfig)
 
 

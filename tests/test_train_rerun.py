@@ -19,7 +19,7 @@ from dpsynth_core.privacy import PrivacyLedger
 from dpsynth_core.runs.lock import RunLock, RunLockedError
 
 REPO = Path(__file__).resolve().parent.parent
-TRAIN = {"model": "tiny-llama", "epsilon": 2.0, "steps": 1, "expected_batch_size": 4, "max_seq_len": 16,
+TRAIN = {"model": "tiny-llama", "steps": 1, "expected_batch_size": 4, "max_seq_len": 16,
          "device": "cpu", "torch_threads": 1}
 
 
@@ -27,8 +27,9 @@ def _config(tmp_path: Path, name: str, **over) -> Path:
     data = tmp_path / "d.csv"
     if not data.exists():
         pd.DataFrame({"text": [f"row {i} says something" for i in range(40)]}).to_csv(data, index=False)
-    job = {"data": {"path": str(data), "text_col": "text"}, "train": dict(TRAIN), "output_dir": str(tmp_path / name)}
-    for key, value in over.items():  # "train.epsilon" -> job["train"]["epsilon"]
+    job = {"data": {"path": str(data), "text_col": "text"}, "privacy": {"epsilon": 2.0}, "train": dict(TRAIN),
+           "output_dir": str(tmp_path / name)}
+    for key, value in over.items():  # "privacy.epsilon" -> job["privacy"]["epsilon"]
         *parents, leaf = key.split(".")
         node = job
         for p in parents:
@@ -58,18 +59,18 @@ def test_rerun_of_a_finished_train_does_nothing_and_a_changed_config_is_refused(
     assert (out / "adapter" / "adapter_model.safetensors").read_bytes() == adapter  # not retrained
 
     saved = (out / "config.yaml").read_text()
-    changed = _train(_config(tmp_path, "run", **{"train.epsilon": 1.0}))
+    changed = _train(_config(tmp_path, "run", **{"privacy.epsilon": 1.0}))
     assert changed.exit_code != 0
     assert isinstance(changed.exception, ConfigError)
-    assert "changed: train.epsilon" in str(changed.exception) and "--fresh" in str(changed.exception)
+    assert "changed: privacy.epsilon" in str(changed.exception) and "--fresh" in str(changed.exception)
     assert (out / "config.yaml").read_text() == saved  # the run never claims the new epsilon
 
-    fresh = _train(_config(tmp_path, "run", **{"train.epsilon": 1.0}), "--fresh")
+    fresh = _train(_config(tmp_path, "run", **{"privacy.epsilon": 1.0}), "--fresh")
     assert fresh.exit_code == 0, fresh.output  # not checked against the ledger it moves aside
     (aside,) = tmp_path.glob("run.prev-*")
     assert [e.stage for e in PrivacyLedger.open(aside).entries()] == ["dpsgd"]
     assert [e.epsilon for e in PrivacyLedger.open(out).entries()] == [pytest.approx(1.0, abs=0.01)]
-    assert yaml.safe_load((out / "config.yaml").read_text())["train"]["epsilon"] == 1.0
+    assert yaml.safe_load((out / "config.yaml").read_text())["privacy"]["epsilon"] == 1.0
 
 
 

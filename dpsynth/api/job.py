@@ -11,6 +11,7 @@ Every builder returns a new job whose config went through the same validation as
 from __future__ import annotations
 
 import copy
+import importlib
 import math
 import os
 import time
@@ -22,6 +23,7 @@ import yaml
 from pydantic import ValidationError
 
 from dpsynth.api.run import Run
+from dpsynth_core.run_loop import RunResult
 from dpsynth_core.errors import ConfigError
 
 J = TypeVar("J", bound="Job")
@@ -42,6 +44,7 @@ class Job(ABC):
     epsilon_key: ClassVar[str] = "privacy.epsilon"
     delta_key: ClassVar[str] = "privacy.delta"
     has_reference_runs: ClassVar[bool] = True
+    ray_driver: ClassVar[str | None] = None  # the ray_jobs module that places its stages on a cluster
 
     def __init__(self, raw: dict, source: Path | None = None) -> None:
         """``raw``: the config mapping (paths already resolved); ``source``: the file it came from, if any."""
@@ -98,7 +101,7 @@ class Job(ABC):
         if cluster not in (None, "auto"):
             os.environ["RAY_ADDRESS"] = cluster
         run_dir = self._run_local(not fresh) if cluster is None else self._run_on_ray(not fresh)
-        return Run(Path(run_dir), Path(self._ledger_dir(Path(run_dir))), started)
+        return Run(RunResult(Path(run_dir), Path(self._ledger_dir(Path(run_dir))), started))
 
     def _ledger_dir(self, run_dir: Path) -> Path:
         return run_dir
@@ -107,6 +110,10 @@ class Job(ABC):
     def _run_local(self, resume: bool) -> Path:
         """Every stage in this process; the run directory."""
 
-    @abstractmethod
     def _run_on_ray(self, resume: bool) -> Path:
-        """Through the method's Ray driver; the run directory."""
+        """Through the method's Ray driver (``ray_driver``: a ``ray_jobs`` module with ``run_on_ray(config, resume=)``);
+        a method without one runs in this process either way. The run directory."""
+        if self.ray_driver is None:
+            return self._run_local(resume)
+        # imported here: a job that never meets a cluster never imports Ray
+        return importlib.import_module(self.ray_driver).run_on_ray(self.config, resume=resume)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import ClassVar
 
@@ -16,17 +17,12 @@ from dpsynth_core.tabular.config import AimConfig, DpFairConfig
 class ACTG(Job):
     """ACTG-ARL (attributes -> AIM features -> DP conditional generator -> Best-of-N -> Anchored RL)."""
 
-    method, config_class = "actg", ActgConfig
+    method, config_class, ray_driver = "actg", ActgConfig, "ray_jobs.actg"
 
     def _run_local(self, resume: bool) -> Path:
         from dpsynth_core.actg.pipeline import run_pipeline
 
         return run_pipeline(self.config, resume=resume)
-
-    def _run_on_ray(self, resume: bool) -> Path:
-        from ray_jobs.actg import run_on_ray
-
-        return run_on_ray(self.config, resume=resume)
 
 
 class _PE(Job):
@@ -34,6 +30,7 @@ class _PE(Job):
     backends start or join Ray either way)."""
 
     config_class: ClassVar[type] = PEConfig
+    ray_driver = "ray_jobs.pe_driver"
 
     def __init__(self, raw: dict, source: Path | None = None) -> None:
         super().__init__({"method": self.method, **raw}, source)
@@ -46,11 +43,6 @@ class _PE(Job):
 
         return run_pe_method(self.config, make_llms, resume=resume)
 
-    def _run_on_ray(self, resume: bool) -> Path:
-        from ray_jobs.pe_driver import run_on_ray
-
-        return run_on_ray(self.config, resume=resume)
-
 
 class WASP(_PE):
     method = "wasp"
@@ -60,27 +52,18 @@ class AugPE(_PE):
     method = "augpe"
 
 
-class _Table(Job):
-    has_reference_runs = False  # epsilon = inf needs noiseless domain / marginal / DP-SGD paths: not yet
-
-
-class DPFairLLM(_Table):
+class DPFairLLM(Job):
     """DPFairLLM: DP and fair tabular synthesis with a fine-tuned LLM."""
 
-    method, config_class = "dpfair", DpFairConfig
+    method, config_class, ray_driver = "dpfair", DpFairConfig, "ray_jobs.dpfair"
 
     def _run_local(self, resume: bool) -> Path:
         from dpsynth_core.tabular.pipeline import run_dpfair
 
         return run_dpfair(self.config, resume=resume)
 
-    def _run_on_ray(self, resume: bool) -> Path:
-        from ray_jobs.dpfair import run_on_ray
 
-        return run_on_ray(self.config, resume=resume)
-
-
-class AIM(_Table):
+class AIM(Job):
     """The AIM baseline (smartnoise-synth): one process, with or without a cluster."""
 
     method, config_class = "aim", AimConfig
@@ -90,14 +73,11 @@ class AIM(_Table):
 
         return run_aim(self.config, resume=resume)
 
-    _run_on_ray = _run_local
-
 
 class Train(Job):
     """`dpsynth train`: DP-SGD LoRA fine-tuning (Ray Train when ``train.num_workers > 1``)."""
 
     method, config_class = "train", TrainJobConfig
-    epsilon_key, delta_key = "train.epsilon", "train.delta"
     has_reference_runs = False
 
     def run(self, *, fresh: bool = False, cluster: str | None = None, resume_checkpoint: bool = True,
@@ -110,7 +90,9 @@ class Train(Job):
 
         runner = None
         if self.config.train.num_workers > 1:  # Ray Train: the API is the driver, it hands the engine the runner
-            from ray_jobs.dp_finetune import run_dp_finetune as runner
+            from ray_jobs.dp_finetune import run_dp_finetune
+
+            runner = functools.partial(run_dp_finetune, resources=self.config.resources)
         return TrainMethod(self.config, self.source or Path.cwd() / "train.yaml", train_runner=runner, **options)
 
     def _ledger_dir(self, run_dir: Path) -> Path:
@@ -120,8 +102,6 @@ class Train(Job):
         from dpsynth_core.run_loop import run_method
 
         return run_method(self.method_object(**getattr(self, "_options", {})), resume=resume).run_dir
-
-    _run_on_ray = _run_local
 
 
 METHODS: dict[str, type[Job]] = {cls.method: cls for cls in (ACTG, WASP, AugPE, DPFairLLM, AIM, Train)}

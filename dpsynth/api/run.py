@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from dpsynth_core.run_loop import RunResult
+
 
 @dataclass(frozen=True)
 class LedgerView:
@@ -28,11 +30,22 @@ class LedgerView:
 
 @dataclass(frozen=True)
 class Run:
-    """A finished run directory. ``release_dir`` holds what may be published (verify it with :meth:`verify`)."""
+    """A finished run directory: the run loop's ``RunResult``, with the ledger as ``dpsynth ledger show`` states
+    it. ``release_dir`` holds what may be published (verify it with :meth:`verify`)."""
 
-    run_dir: Path
-    ledger_dir: Path
-    started: float
+    result: RunResult
+
+    @property
+    def run_dir(self) -> Path:
+        return self.result.run_dir
+
+    @property
+    def ledger_dir(self) -> Path:
+        return self.result.ledger_dir
+
+    @property
+    def started(self) -> float:
+        return self.result.started
 
     @property
     def ledger(self) -> LedgerView:
@@ -40,9 +53,7 @@ class Run:
 
     @property
     def release_dir(self) -> Path:
-        from dpsynth_core.runs.release import release_dir
-
-        return release_dir(self.ledger_dir)
+        return self.result.release_dir
 
     def verify(self) -> dict:
         """The release manifest, after checking every file's hash and that it states what the ledger does."""
@@ -52,6 +63,4 @@ class Run:
 
     def summary_lines(self) -> list[str]:
         """Where the outputs are, the epsilon spent of the budget, the stages run now and skipped."""
-        from dpsynth_core.run_loop.summary import summary_lines
-
-        return summary_lines(self.run_dir, self.started)
+        return self.result.summary_lines()

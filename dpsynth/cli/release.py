@@ -18,6 +18,7 @@ def release(
     from dpsynth_core.privacy.release_check import copy_release
 
     manifest = copy_release(run_dir, dest)
-    flag = "  NOT PRIVATE (test/reference run)" if manifest.get("not_private") else ""
-    typer.echo(f"released {len(manifest['files'])} files to {dest.resolve()}: {manifest['method']}, "
-               f"epsilon {manifest['epsilon']:.4f} at delta {manifest['delta']:.3g}{flag}")
+    # a reference or test run states no epsilon (its manifest's is null): never a DP guarantee
+    guarantee = ("NOT PRIVATE (test/reference run): no DP guarantee" if manifest.get("not_private")
+                 else f"epsilon {manifest['epsilon']:.4f} at delta {manifest['delta']:.3g}")
+    typer.echo(f"released {len(manifest['files'])} files to {dest.resolve()}: {manifest['method']}, {guarantee}")

@@ -15,6 +15,7 @@ from dpsynth_core.actg.extractors import ExtractorConfig
 from dpsynth_core.actg.generator import GenerationSettings
 from dpsynth_core.actg.run_files import RunDir
 from dpsynth_core.config import OUTPUT_ROWS_CAP, THREADS_CAP, StrictConfig, cap, load_config
+from dpsynth_core.config.placement import PlacementSettings
 from dpsynth_core.config.resources import PipelineResources
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.privacy.randomness import refuse_test_only_knobs
@@ -87,6 +88,10 @@ class ActgConfig(StrictConfig):
     rl: AnchoredRLConfig = Field(default_factory=AnchoredRLConfig)
     evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
     torch_threads: Annotated[int, THREADS_CAP] = Field(2, ge=1)
+    # every stage's device and dtype where its own section leaves them auto (extractor, reward, generator and
+    # so features.lm, generation, rl); a section's own device/dtype overrides it (None: unset, so a run made before this key
+    # existed is the same run: runs/run_dir.changed_keys)
+    placement: PlacementSettings | None = None
     # scheduling only (not part of the run's identity: a resumed run may get another cluster)
     resources: PipelineResources = Field(default_factory=PipelineResources, exclude=True)
     stop_after_stage: str | None = None   # testing: stop (as if killed) once this stage completed
@@ -147,6 +152,18 @@ class ActgConfig(StrictConfig):
             raise ValueError("generator_mode: direct_prompt is an ablation of mode: actg")
         if self.features.generator == "dp_ft":
             self.feature_lm_config(1.0)  # same field errors as DpSgdConfig, before any data is read
+        return self
+
+    @model_validator(mode="after")
+    def _stages_take_the_placement(self) -> ActgConfig:
+        if self.placement is None:
+            return self
+        for name in ("extractor", "reward", "generation", "rl"):
+            section = getattr(self, name)
+            if section is not None:
+                own = {"device": section.device, "dtype": section.dtype}
+                setattr(self, name, section.model_copy(update=self.placement.under(own)))
+        self.generator = self.placement.under(self.generator)
         return self
 
     @model_validator(mode="after")

@@ -3,6 +3,7 @@
 * ``strict``: ``StrictConfig`` (unknown keys are errors), ``load_config`` and the size caps,
   re-exported here (``from dpsynth_core.config import StrictConfig, load_config``);
 * ``keys``: renamed keys, accepted for one release with a line naming the new key;
+* ``budget``: ``BudgetConfig``, the base of every run config with a ``privacy:`` section;
 * ``paths``: input paths resolved next to the config file;
 * ``resources``: what a stage asks its scheduler for (CPUs, GPUs, memory);
 * ``placement``: which device and dtype a stage's model runs on.

@@ -9,10 +9,11 @@ adapter's directory; Serve said ``adapter``), ``dtype: auto|float32|bfloat16`` (
 ``config/placement.py: Dtype``).
 
 A renamed field keeps its Python name and takes the new key as its alias
-(``run_dir: Path = Field(..., alias="output_dir")``; StrictConfig accepts both). A key moved into a
-section (PE's and the tabular runs' top-level ``epsilon`` / ``delta`` -> ``privacy.epsilon`` /
-``privacy.delta``) is listed in the class's ``moved_keys`` and moved by :func:`move_keys` before
-validation. :func:`check_renamed_keys`, called by ``load_config``, prints one line per old spelling or
+(``run_dir: Path = Field(..., alias="output_dir")``; StrictConfig accepts both). A key moved to
+another place (PE's and the tabular runs' top-level ``epsilon`` / ``delta`` -> ``privacy.epsilon`` /
+``privacy.delta``; ``dpsynth train``'s ``train.epsilon`` -> ``privacy.epsilon``) is listed in the
+class's ``moved_keys`` and moved by :func:`move_keys` before validation; a run made before the move is
+refused in one line naming ``--fresh`` (``runs.run_dir.refuse_changed_config``). :func:`check_renamed_keys`, called by ``load_config``, prints one line per old spelling or
 place found in a config file, naming the new key.
 """
 
@@ -36,9 +37,8 @@ def renamed_keys(raw: dict, cls: type[BaseModel], prefix: str = "") -> list[tupl
     """(old dotted key, new dotted key) for each old spelling used in ``raw`` (a config mapping)."""
     found: list[tuple[str, str]] = []
     for old, new in getattr(cls, "moved_keys", {}).items():
-        if old in raw:
-            section, _, key = new.partition(".")
-            if isinstance(raw.get(section), dict) and key in raw[section]:
+        if _has(raw, old):
+            if _has(raw, new):
                 raise ConfigError(f"give '{prefix}{new}' only ('{prefix}{old}' is its old place)")
             found.append((f"{prefix}{old}", f"{prefix}{new}"))
     for name, field in cls.model_fields.items():
@@ -65,17 +65,46 @@ def check_renamed_keys(raw: dict, cls: type[BaseModel], source: str) -> None:
               file=sys.stderr)
 
 
+def _has(raw, dotted: str) -> bool:
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        raw = raw.get(key) if isinstance(raw, dict) else None
+    return isinstance(raw, dict) and leaf in raw
+
+
+def _get(raw, dotted: str):
+    for key in dotted.split("."):
+        raw = raw[key]
+    return raw
+
+
 def move_keys(values, moves: dict[str, str]):
-    """Before validation: each old top-level key of ``moves`` into its section (``"epsilon": "privacy.epsilon"``)."""
-    if not isinstance(values, dict) or not any(old in values for old in moves):
+    """Before validation: each old key of ``moves`` (dotted: ``"train.epsilon"``) to its new place
+    (``"privacy.epsilon"``); the sections on the way are copied, never the caller's mapping changed."""
+    if not isinstance(values, dict) or not any(_has(values, old) for old in moves):
         return values
     values = dict(values)
+    moved_here: dict[str, bool] = {}  # new keys this call filled from an old place
     for old, new in moves.items():
-        if old in values:
-            section, _, key = new.partition(".")
-            inner = dict(values.get(section) or {})
-            if key in inner:
-                raise ValueError(f"give '{new}' only ('{old}' is its old place)")
-            inner[key] = values.pop(old)
-            values[section] = inner
+        if not _has(values, old):
+            continue
+        *old_parents, old_leaf = old.split(".")
+        node = values
+        for key in old_parents:
+            node[key] = dict(node[key])
+            node = node[key]
+        value = node.pop(old_leaf)
+        if _has(values, new):
+            if moved_here.get(new):  # two old places of one key (DPFairLLM's training.device, generation.device)
+                if value == _get(values, new):
+                    continue
+                raise ValueError(f"'{old}' differs from another old place of '{new}': give '{new}' only")
+            raise ValueError(f"give '{new}' only ('{old}' is its old place)")
+        moved_here[new] = True
+        *new_parents, new_leaf = new.split(".")
+        node = values
+        for key in new_parents:
+            node[key] = dict(node.get(key) or {})
+            node = node[key]
+        node[new_leaf] = value
     return values

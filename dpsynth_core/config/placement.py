@@ -19,6 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator
 
+from dpsynth_core.config.strict import StrictConfig
 from dpsynth_core.errors import ConfigError
 
 DeviceChoice = Literal["auto", "cpu", "cuda"]
@@ -41,6 +42,23 @@ def placement_dtype(dtype: str) -> str:
 
 # Every config's `dtype` field: one spelling, the short aliases accepted (config/placement.py)
 Dtype = Annotated[Literal["auto", "float32", "bfloat16"], BeforeValidator(config_dtype)]
+
+
+class PlacementSettings(StrictConfig):
+    """A method's ``placement:`` section: the device and dtype its model stages run on (``resolve`` them
+    where the stage runs: a Ray task sees a GPU only when it asked for one)."""
+
+    device: DeviceChoice = "auto"
+    dtype: Dtype = "auto"  # auto: bfloat16 on a GPU, float32 on CPU; LoRA weights stay fp32
+
+    def resolve(self, *, local_rank: int = 0) -> Placement:
+        return resolve_placement(self.device, self.dtype, local_rank=local_rank, section="placement.")
+
+    def under(self, stage: dict) -> dict:
+        """A stage's ``device``/``dtype`` (a config mapping) with what it leaves ``auto`` taken from this
+        placement: a method's stages (ACTG) or PLMs (WASP, Aug-PE) may each override the method's placement."""
+        mine = {k: getattr(self, k) for k in ("device", "dtype") if getattr(self, k) != "auto"}
+        return {**stage, **{k: v for k, v in mine.items() if stage.get(k, "auto") == "auto"}}
 
 
 def gpu_visible() -> bool:

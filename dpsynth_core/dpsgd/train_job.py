@@ -10,16 +10,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from typing import ClassVar
+
+from pydantic import Field, field_validator, model_validator
 
 from dpsynth_core.config import StrictConfig, load_config
+from dpsynth_core.config.budget import BudgetConfig
+from dpsynth_core.config.keys import move_keys
+from dpsynth_core.config.placement import PlacementSettings
+from dpsynth_core.config.resources import StageResources
 from dpsynth_core.dpsgd.config import DpSgdConfig
 from dpsynth_core.dpsgd.sources import TableExampleSource
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.runs.preflight import Plan
 
 # how a run executes, not what it outputs: changing them does not make it another run
-EXECUTION_ONLY = ("train.stop_after_steps", "train.torch_threads", "train.checkpoint_every")
+EXECUTION_ONLY = ("train.stop_after_steps", "train.torch_threads", "train.checkpoint_every", "resources")
 
 
 class TrainDataSpec(TableExampleSource):
@@ -32,15 +38,49 @@ class TrainDataSpec(TableExampleSource):
 class LedgerSpec(StrictConfig):
     run_dir: str | None = None  # default: the output directory
     dataset: str = "private"
-    epsilon_budget: float | None = Field(None, gt=0)  # default: train.epsilon (used only when creating)
+    epsilon_budget: float | None = Field(None, gt=0)  # default: privacy.epsilon (used only when creating)
 
 
-class TrainJobConfig(StrictConfig):
+class TrainPrivacy(StrictConfig):
+    epsilon: float = Field(..., gt=0, allow_inf_nan=False)
+    delta: float | None = Field(None, gt=0, lt=1)  # default min(1e-5, m^-1.1), m the declared units
+
+
+# the sections every method shares, and the DP-SGD engine's fields they fill in (``train`` gets a copy)
+SHARED_SECTIONS = {"privacy": ("epsilon", "delta"), "placement": ("device", "dtype")}
+
+
+class TrainJobConfig(BudgetConfig):
+    """The budget under ``privacy:`` and the device under ``placement:`` as in every method (``train.epsilon``,
+    ``train.delta``, ``train.device``, ``train.dtype`` load for one release); the DP-SGD engine's config
+    (``train``) gets their copy before validation."""
+
+    moved_keys: ClassVar[dict[str, str]] = {f"train.{key}": f"{section}.{key}"
+                                            for section, keys in SHARED_SECTIONS.items() for key in keys}
+
     data: TrainDataSpec
+    privacy: TrainPrivacy
+    placement: PlacementSettings = Field(default_factory=PlacementSettings)
     train: DpSgdConfig
     output_dir: str = "runs/train"
     stage: str = "dpsgd"
     ledger: LedgerSpec = Field(default_factory=LedgerSpec)
+    # each Ray Train worker's request (train.num_workers > 1); unset: Ray Train's default, a GPU where one is used
+    resources: StageResources | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, values):
+        values = move_keys(values, cls.moved_keys)
+        if isinstance(values, dict) and isinstance(values.get("train"), dict):
+            shared = {k: values[section][k] for section, keys in SHARED_SECTIONS.items()
+                      if isinstance(values.get(section), dict) for k in keys if k in values[section]}
+            values = {**values, "train": {**values["train"], **shared}}
+        return values
+
+    def snapshot(self) -> dict:
+        """The config as the rerun rule and ``config.yaml`` hold it: each shared key once, in its section."""
+        return self.model_dump(mode="json", exclude={"train": {k for keys in SHARED_SECTIONS.values() for k in keys}})
 
     @field_validator("train")
     @classmethod

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from dpsynth_core.config.keys import move_keys
 from dpsynth_core.config.record_level import RecordLevelData
-from dpsynth_core.config.placement import Dtype
+from dpsynth_core.config.placement import Dtype, PlacementSettings
 from dpsynth_core.config import (
     BATCH_CAP, DELTA_CHECK, NEW_TOKENS_CAP, OUTPUT_ROWS_CAP, RECORDS_CAP, TEXT_CHARS_CAP, THREADS_CAP, StrictConfig, cap,
 )
 from dpsynth_core.config.resources import StageResources
-from dpsynth_core.errors import ConfigError
-from dpsynth_core.privacy.reference_runs import is_infinite
+from dpsynth_core.privacy.reference_runs import ReferenceRunConfig
 from dpsynth_core.runs.storage import RunDirPath
 
 
@@ -95,11 +93,9 @@ class PEPrivacy(StrictConfig):
     delta: Annotated[float | Literal["1/(M ln M)"] | None, DELTA_CHECK] = None
 
 
-class PEConfig(StrictConfig):
-    """WASP (``method: wasp``) or Aug-PE (``method: augpe``)."""
-
-    # the budget under `privacy:` in every method; top-level `epsilon` / `delta` load for one release
-    moved_keys: ClassVar[dict[str, str]] = {"epsilon": "privacy.epsilon", "delta": "privacy.delta"}
+class PEConfig(ReferenceRunConfig):
+    """WASP (``method: wasp``) or Aug-PE (``method: augpe``); the budget under ``privacy:``, epsilon = inf
+    with ``not_private: true``: no vote noise (``ReferenceRunConfig``)."""
 
     method: Literal["wasp", "augpe"]
     # a path or file:// URI (shared storage on a cluster); key `output_dir` (was `run_dir`: config/keys.py)
@@ -108,9 +104,13 @@ class PEConfig(StrictConfig):
     prompts: str = "biorxiv"  # bundled prompt folder name or a directory
     data: PEDataConfig
     plms: list[PLMConfig] = Field(default_factory=lambda: [PLMConfig()], min_length=1, max_length=32)
+    # every PLM's device and dtype where its own are auto, and what every Ray PLM (backend ray_actor / serve)
+    # asks for where its own `resources` leaves a field unset
+    # (None: unset, so a run made before these keys existed is the same run: runs/run_dir.changed_keys)
+    placement: PlacementSettings | None = None
+    resources: StageResources | None = None
     embedder: str = "minilm"
     privacy: PEPrivacy = Field(default_factory=PEPrivacy)
-    not_private: bool = False
     iterations: Annotated[int, cap(1000, 'noisy votes, each a full round of generation')] = Field(2, ge=1)  # T noisy votes
     num_synthetic: Annotated[int, OUTPUT_ROWS_CAP] = Field(50, ge=2)  # size of the final synthetic set
     q: Annotated[int, cap(1024, 'Top-Q votes per private record')] = Field(8, ge=1)  # WASP Top-Q
@@ -139,23 +139,17 @@ class PEConfig(StrictConfig):
     parallel_plms: bool = True  # False: call the PLMs one after another (timing comparison only)
     mauve: bool = True
 
-    @model_validator(mode="before")
-    @classmethod
-    def _moved(cls, values):
-        return move_keys(values, cls.moved_keys)
-
-    @property
-    def epsilon(self) -> float:
-        return self.privacy.epsilon
-
-    @property
-    def delta(self) -> float | str | None:
-        return self.privacy.delta
+    def _plm_defaults(self, plm: dict) -> dict:
+        """A PLM's settings, where it leaves them unset, from the run's ``placement`` and ``resources``."""
+        if self.placement is not None:
+            plm = self.placement.under(plm)
+        if self.resources is not None:
+            plm["resources"] = StageResources.model_validate(plm.get("resources") or {}).over(self.resources).model_dump()
+        return plm
 
     @model_validator(mode="after")
     def _check(self) -> PEConfig:
         from dpsynth_core.privacy.randomness import refuse_pinned_dp_seed
-        from dpsynth_core.privacy.reference_runs import check_reference_config
 
         if self.data.source == "file" and self.data.path is None and not self.data.party_paths:
             raise ValueError("data.path (or data.party_paths) is required when data.source is 'file'")
@@ -166,13 +160,5 @@ class PEConfig(StrictConfig):
                 raise ValueError("federated_parties must equal the number of data.party_paths")
             self.federated_parties = len(self.data.party_paths)
         refuse_pinned_dp_seed("noise_seed", self.noise_seed)
-        try:
-            check_reference_config(self.epsilon, self.not_private, "privacy.epsilon")
-        except ConfigError as exc:  # a validation error like every other field's
-            raise ValueError(str(exc)) from None
+        self.plms = [PLMConfig.model_validate(self._plm_defaults(p.model_dump())) for p in self.plms]
         return self
-
-    @property
-    def is_reference(self) -> bool:
-        """epsilon = inf (allowed only with not_private: true): no vote noise, ledger marked."""
-        return is_infinite(self.epsilon)

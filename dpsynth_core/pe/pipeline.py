@@ -75,7 +75,7 @@ class PEMethod(Method):
 
 def prepare_run_dir(cfg: PEConfig, resume: bool) -> Path:
     """``cfg.run_dir`` under the rerun rule of ``runs/run_dir.py``, as the run loop opens it."""
-    return open_run_dir(Path(cfg.run_dir), cfg.model_dump(mode="json"), resume=resume)
+    return open_run_dir(Path(cfg.run_dir), cfg.model_dump(mode="json"), resume=resume, moved=PEConfig.moved_keys)
 
 
 def open_ledger(cfg: PEConfig, run_dir: Path):

@@ -5,14 +5,18 @@ unless the config also says ``not_private: true``; a run that is allowed marks i
 private" before any stage reads private data, so ``ledger show``, ``metrics.json`` and
 ``release/MANIFEST.json`` all carry the mark. A reference run's noisy stages run without noise
 and record no event (there is no finite epsilon to record); its ledger keeps a nominal finite
-budget only because the ledger requires one. Pipelines call :func:`check_reference_config`
-while validating their config and :func:`mark_reference_run` when the run's ledger is opened.
+budget only because the ledger requires one. A run config with a ``privacy:`` section inherits
+:class:`ReferenceRunConfig` (PE, DPFairLLM, AIM; ACTG calls :func:`check_reference_config` itself), and the
+run loop calls :func:`mark_reference_run` when the run's ledger is created.
 """
 
 from __future__ import annotations
 
 import math
 
+from pydantic import model_validator
+
+from dpsynth_core.config.budget import BudgetConfig
 from dpsynth_core.errors import ConfigError
 
 REFERENCE_REASON = "epsilon = inf: no DP noise (a non-private reference run, config not_private: true)"
@@ -40,3 +44,22 @@ def mark_reference_run(ledger, stage: str, epsilon: float | None) -> bool:
         return False
     ledger.mark_not_private(stage, REFERENCE_REASON)
     return True
+
+
+class ReferenceRunConfig(BudgetConfig):
+    """A run config that may be an epsilon = inf reference run: ``not_private`` and the check above."""
+
+    not_private: bool = False  # required for privacy.epsilon = .inf; the run's outputs are then marked
+
+    @model_validator(mode="after")
+    def _reference_run(self):
+        try:
+            check_reference_config(self.epsilon, self.not_private, "privacy.epsilon")
+        except ConfigError as exc:  # a validation error like every other field's
+            raise ValueError(str(exc)) from None
+        return self
+
+    @property
+    def is_reference(self) -> bool:
+        """epsilon = inf with not_private: true: no DP noise; the ledger is marked."""
+        return is_infinite(self.epsilon)

@@ -30,6 +30,7 @@ from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir, ref
 from dpsynth_core.runs.contract import Method, Runner, Stage, StageInterrupted, UndeclaredPrivacyEvent, local_runner
 from dpsynth_core.runs.files import atomic_write_text
 from dpsynth_core.runs.lock import RunLock
+from dpsynth_core.runs.run_dir import MovedKeysRun
 from dpsynth_core.runs.release import release_dir, write_release
 
 # Called with the run directory once its release is written: where a run report is written (`dpsynth report`).
@@ -63,12 +64,19 @@ def run_method(method: Method, *, resume: bool = True, runner: Runner = local_ru
     root, stages = Path(method.run_dir()), method.stages()
     result = RunResult(root, Path(method.ledger_dir(root)), started)
     snapshot, ignore = method.identity()
-    if resume and refuse_changed_config(root, snapshot, ignore) and _finished(result, stages):
+    moved = getattr(type(method.config), "moved_keys", {})  # a run from before a key moved is named as such
+    try:
+        same_run = resume and refuse_changed_config(root, snapshot, ignore, moved)
+    except MovedKeysRun:
+        if not (resume and _finished(result, stages)):
+            raise
+        same_run = True  # finished before its keys moved: its outputs stand, nothing to run again
+    if same_run and _finished(result, stages):
         announce_finished(root)  # the rerun rule first: a finished run reads no data
         return result
     plan = method.privacy_plan()  # before anything is written: a bad config or file leaves nothing
     with RunLock(root):
-        open_run_dir(root, snapshot, resume=resume, ignore=ignore)
+        open_run_dir(root, snapshot, resume=resume, ignore=ignore, moved=moved)
         if _finished(result, stages):  # by another process while this one checked its data
             announce_finished(root)
             return result

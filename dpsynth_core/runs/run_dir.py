@@ -24,6 +24,7 @@ import json
 import os
 import sys
 from datetime import datetime, timezone
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
@@ -59,13 +60,14 @@ def snapshot_text(snapshot: dict) -> str:
     return yaml.safe_dump(json.loads(json.dumps(snapshot, default=str)), sort_keys=True)
 
 
-def open_run_dir(root: Path, snapshot: dict, *, resume: bool, ignore: tuple[str, ...] = ()) -> Path:
+def open_run_dir(root: Path, snapshot: dict, *, resume: bool, ignore: tuple[str, ...] = (),
+                 moved: Mapping[str, str] | None = None) -> Path:
     """Create, reopen or (``resume=False``) replace the run directory ``root``; see the module doc."""
     root = Path(root)
     text = snapshot_text(snapshot)
     if not resume:
         move_aside(root)
-    if refuse_changed_config(root, snapshot, ignore):
+    if refuse_changed_config(root, snapshot, ignore, moved):
         return root
     root.mkdir(parents=True, exist_ok=True)
     atomic_write_text(root / CONFIG_FILE, text)
@@ -91,15 +93,34 @@ def move_aside(root: Path) -> Path | None:
     return aside
 
 
-def refuse_changed_config(root: Path, snapshot: dict, ignore: tuple[str, ...] = ()) -> bool:
+class MovedKeysRun(ConfigError):
+    """The run directory holds a run whose config differs only by keys that moved since it was made."""
+
+
+def _only_moved(diff: list[str], moved: Mapping[str, str]) -> list[str]:
+    """The moves (``old -> new``) that explain every changed key, or [] when some change is not a move."""
+    places = {p for pair in moved.items() for p in pair}
+    if not diff or not all(any(k == p or k.startswith(p + ".") for p in places) for k in diff):
+        return []
+    return [f"{o} -> {n}" for o, n in moved.items() if any(k == o or k.startswith(o + ".") for k in diff)]
+
+
+def refuse_changed_config(root: Path, snapshot: dict, ignore: tuple[str, ...] = (),
+                          moved: Mapping[str, str] | None = None) -> bool:
     """True when ``root`` already holds a run of this config; ConfigError (naming the changed keys
     and suggesting ``--fresh``) when it holds one of another config; False when it holds none.
-    Reads only; creates nothing."""
+    ``moved``: the config class's keys moved since an older release (old -> new dotted key): a run made
+    before the move is named as such, in one line. Reads only; creates nothing."""
     config_file = Path(root) / CONFIG_FILE
     if not config_file.is_file():
         return False
     old = yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}
     diff = changed_keys(old, yaml.safe_load(snapshot_text(snapshot)), ignore)
+    moves = _only_moved(diff, moved or {})
+    if moves:
+        raise MovedKeysRun(f"{root}: this run was made before its config keys moved ({', '.join(moves)}) and cannot "
+                           "resume under the new ones; rerun with --fresh (the old run and its ledger are moved aside; "
+                           "the new run spends its budget again)")
     if diff:
         raise ConfigError(
             f"{root}: this run was made with a different config (changed: {', '.join(diff)}); its outputs and "

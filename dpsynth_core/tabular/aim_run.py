@@ -7,6 +7,7 @@ sample. Here it is an ordinary run with the same data settings, schema and budge
 
     prepare    the secret working subset (owner-only state); `domain: dp` columns under DP
     aim        AIM under what the ledger leaves (zCDP rho)                -> synthetic.csv
+               (epsilon = inf, ``not_private: true``: the private rows resampled, no noise, marked)
     (release)  release/: synthetic.csv, the DP schema, the ledger (written by the run loop)
     evaluate   TSTR / TVD / fairness / DCR+MIA on real data (owner-side report, not a release)
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from dpsynth_core.run_loop import run_method
@@ -25,6 +27,8 @@ from dpsynth_core.tabular.config import AimConfig
 from dpsynth_core.tabular.run_schema import resolved_schema
 from dpsynth_core.tabular.schema import load_schema
 from dpsynth_core.tabular.stages_dp import prepare_domain
+
+NO_NOISE_AIM = "AIM: the private rows resampled, no noise (epsilon = inf reference run)"
 
 
 def _ledger(run: Path):
@@ -47,10 +51,25 @@ def stage_aim(cfg: AimConfig, root: str) -> dict:
     run = Path(root)
     schema, ledger = resolved_schema(run), _ledger(run)
     private = private_data.load_private(cfg, run, schema)
+    if cfg.is_reference:  # epsilon = inf: AIM's rho -> inf limit, the data's own rows
+        synth = resample_rows(private, schema, cfg.num_rows, cfg.sample_seed, ledger)
+        atomic_write_text(run / "synthetic.csv", synth.to_csv(index=False))
+        return {"rows": len(synth), "not_private": NO_NOISE_AIM}
     synth = aim_synthesize(private, schema, epsilon=ledger.remaining_epsilon(), ledger=ledger, num_rows=cfg.num_rows,
                            bins=cfg.bins, seed=cfg.sample_seed)
     atomic_write_text(run / "synthetic.csv", synth.to_csv(index=False))
     return {"rows": len(synth)}
+
+
+def resample_rows(private: pd.DataFrame, schema, num_rows: int, seed: int, ledger) -> pd.DataFrame:
+    """``num_rows`` rows drawn with replacement from the private table (the config seed: a reference run has
+    no privacy to protect); the ledger's "aim_baseline" stage is marked not private, nothing recorded.
+
+    AIM cannot run without noise (its budget is a finite rho); as rho -> inf its model reproduces every
+    measured marginal exactly, and the data's own joint distribution is that limit's best case."""
+    ledger.mark_not_private("aim_baseline", NO_NOISE_AIM)
+    picks = np.random.default_rng(seed).integers(0, len(private), size=num_rows)
+    return schema.validate_frame(private[schema.names].iloc[picks].reset_index(drop=True), "resampled rows")
 
 
 def stage_evaluate(cfg: AimConfig, root: str) -> dict:
@@ -62,7 +81,8 @@ def stage_evaluate(cfg: AimConfig, root: str) -> dict:
     report = evaluate_table(synth, private_data.load_private(cfg, run, schema), private_data.load_test(cfg), schema,
                             out_dir=run / "eval", privacy=cfg.evaluate_privacy)
     sensitive = schema.sensitive[0] if schema.sensitive else None
-    return {"method": "aim", "epsilon": ledger.total_epsilon(), "delta": ledger.delta, "valid_fraction": 1.0,
+    return {"method": "aim", "epsilon": None if cfg.is_reference else ledger.total_epsilon(), "delta": ledger.delta,
+            **({"not_private": True} if not ledger.is_private else {}), "valid_fraction": 1.0,
             **(summary_row(report, sensitive) if sensitive and schema.target else {})}
 
 

@@ -8,19 +8,20 @@ they point at are read from their source by whichever process needs them.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from dpsynth_core.config.keys import move_keys
 from dpsynth_core.config.record_level import RecordLevelData
-from dpsynth_core.config.placement import Dtype
+from dpsynth_core.config.placement import PlacementSettings
 from dpsynth_core.config import (
     BATCH_CAP, OUTPUT_ROWS_CAP, RECORDS_CAP, SEQ_LEN_CAP, STEPS_CAP, THREADS_CAP, StrictConfig, cap, load_config,
 )
 from dpsynth_core.config.resources import StageResources
 from dpsynth_core.dpsgd.config import LoraSettings
+from dpsynth_core.privacy.reference_runs import ReferenceRunConfig
 from dpsynth_core.runs.storage import RunDirPath, require_durable_run_dir
 
 
@@ -156,9 +157,6 @@ class GenerationSettings(StrictConfig):
     seed: int = 0
     fairness: FairGenerationSettings = Field(default_factory=FairGenerationSettings)
     calibrate: CalibrationSettings = Field(default_factory=CalibrationSettings)
-    # where the generator runs (dpsynth_core.config.placement): auto is the GPU when the stage sees one
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Dtype = "auto"
 
 
 class DataSettings(RecordLevelData):
@@ -248,9 +246,6 @@ class TrainingSettings(StrictConfig):
     seed: int = 0  # column order of the serialized rows (data-independent) and the LoRA init
     torch_threads: Annotated[int | None, THREADS_CAP] = Field(2, ge=1)
     public_stage: PublicStageSettings = Field(default_factory=PublicStageSettings)
-    # where stage 1 and DP-SGD train (dpsynth_core.config.placement); LoRA weights stay fp32 under a bf16 base
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Dtype = "auto"
 
 
 class FairnessSettings(StrictConfig):
@@ -303,16 +298,13 @@ class FairnessSettings(StrictConfig):
 
 
 class TablePrivacy(StrictConfig):
-    # finite: an epsilon = inf reference run needs noiseless domain, marginal and DP-SGD paths, not built yet
-    epsilon: float = Field(..., gt=0, allow_inf_nan=False)
+    epsilon: float = Field(..., gt=0)  # .inf: a non-private reference run, only with not_private: true
     delta: float | None = Field(None, gt=0, lt=1)  # default min(1e-5, m^-1.1), m = the expected private rows
 
 
-class TableRunConfig(StrictConfig):
-    """What every tabular run shares: where the data and the public schema are, and the budget."""
-
-    # the budget under `privacy:` in every method; top-level `epsilon` / `delta` load for one release
-    moved_keys: ClassVar[dict[str, str]] = {"epsilon": "privacy.epsilon", "delta": "privacy.delta"}
+class TableRunConfig(ReferenceRunConfig):
+    """What every tabular run shares: where the data and the public schema are, and the budget (epsilon = inf
+    with ``not_private: true``: exact counts, no DP-SGD noise or clipping; ``ReferenceRunConfig``)."""
 
     name: str
     output_dir: RunDirPath  # a path or file:// URI; shared storage on a cluster
@@ -323,18 +315,9 @@ class TableRunConfig(StrictConfig):
     budget: BudgetSplit = Field(default_factory=BudgetSplit)
     evaluate_privacy: bool = True  # DCR + membership inference in the owner-side report
 
-    @model_validator(mode="before")
-    @classmethod
-    def _moved(cls, values):
-        return move_keys(values, cls.moved_keys)
-
-    @property
-    def epsilon(self) -> float:
-        return self.privacy.epsilon
-
-    @property
-    def delta(self) -> float | None:
-        return self.privacy.delta
+    def epsilon_share(self, fraction: float) -> float:
+        """A stage's share of epsilon (inf in a reference run, where inf x 0 would be nan)."""
+        return math.inf if self.is_reference else self.epsilon * fraction
 
     def run_dir(self) -> Path:
         """``output_dir/name``, absolute (a relative one is refused inside a submitted Ray job)."""
@@ -344,8 +327,14 @@ class TableRunConfig(StrictConfig):
 class DpFairConfig(TableRunConfig):
     """DPFairLLM: DP-SGD LoRA fine-tuning on serialized rows with fairness terms; fair generation."""
 
+    # training.device / generation.device (and dtype) are one placement: the model stage is one Ray task
+    moved_keys: ClassVar[dict[str, str]] = {
+        **TableRunConfig.moved_keys, **{f"{stage}.{key}": f"placement.{key}"
+                                        for stage in ("training", "generation") for key in ("device", "dtype")}}
+
     name: str = "dpfair"
     output_dir: RunDirPath = Path("runs/dpfair")
+    placement: PlacementSettings = Field(default_factory=PlacementSettings)  # train and generate (the model stage)
     serialization: SerializationSettings = Field(default_factory=SerializationSettings)
     training: TrainingSettings = Field(default_factory=TrainingSettings)
     fairness: FairnessSettings = Field(default_factory=FairnessSettings)

@@ -22,9 +22,34 @@ import pandas as pd
 
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.privacy.gaussian_histogram import histogram_event, noisy_histogram
+from dpsynth_core.privacy.reference_runs import is_infinite
 from dpsynth_core.tabular.schema import ColumnSpec, TableSchema
 
 NUM_CANDIDATE_BINS = 64
+NO_NOISE_TABLES = "exact counts, no Gaussian noise (epsilon = inf reference run)"
+
+
+def _mechanism(epsilon: float, ledger, histograms: int, stage: str):
+    """(sigma, event) of ``histograms`` Gaussian releases, checked against the budget before the data is read.
+
+    epsilon = inf (a reference run, ``not_private: true``): (0, None), exact counts, the stage marked
+    "not private" and nothing recorded (no finite epsilon exists to record)."""
+    if is_infinite(epsilon):
+        ledger.mark_not_private(stage, NO_NOISE_TABLES)
+        return 0.0, None
+    sigma, event = histogram_event(epsilon, ledger.delta, histograms)
+    ledger.check(stage, event)  # before touching the data
+    return sigma, event
+
+
+def _release(counts, sigma: float) -> np.ndarray:
+    """The counts as released: rounded Gaussian noise added, or exact (sigma 0: a reference run)."""
+    return noisy_histogram(counts, sigma, integer_counts=True) if sigma > 0 else np.asarray(counts, dtype=np.float64)
+
+
+def _record(ledger, stage: str, event, details: dict) -> None:
+    if event is not None:
+        ledger.record(stage, event, details=details)
 
 
 def _threshold(sigma: float) -> float:
@@ -53,8 +78,7 @@ def estimate_domain(
         return schema
     if epsilon <= 0:
         raise ConfigError(f"schema '{schema.name}': columns {[c.name for c in todo]} need DP estimation but epsilon is {epsilon}")
-    sigma, event = histogram_event(epsilon, ledger.delta, len(todo))
-    ledger.check(stage, event)  # before touching the data
+    sigma, event = _mechanism(epsilon, ledger, len(todo), stage)
     resolved: dict[str, ColumnSpec] = {}
     for col in todo:
         if col.name not in df.columns:
@@ -62,7 +86,7 @@ def estimate_domain(
         if col.is_categorical:
             cands = list(col.candidate_categories or [])
             counts = df[col.name].astype(str).str.strip().value_counts().reindex(cands, fill_value=0).to_numpy(float)
-            noisy = noisy_histogram(counts, sigma, integer_counts=True)
+            noisy = _release(counts, sigma)
             keep = [c for c, v in zip(cands, noisy) if v > _threshold(sigma)] or [cands[int(np.argmax(noisy))]]
             resolved[col.name] = col.model_copy(update={"categories": keep, "domain": "dp"})
         else:
@@ -70,7 +94,7 @@ def estimate_domain(
             edges = np.linspace(lo, hi, NUM_CANDIDATE_BINS + 1)
             vals = pd.to_numeric(df[col.name], errors="coerce").dropna().clip(lo, hi).to_numpy()
             counts, _ = np.histogram(vals, bins=edges)
-            noisy = noisy_histogram(counts, sigma, integer_counts=True)
+            noisy = _release(counts, sigma)
             idx = np.nonzero(noisy > _threshold(sigma))[0]
             if len(idx) == 0:
                 idx = np.array([int(np.argmax(noisy))])
@@ -78,7 +102,7 @@ def estimate_domain(
             if col.type == "integer":
                 new_lo, new_hi = float(np.floor(new_lo)), float(np.ceil(new_hi))
             resolved[col.name] = col.model_copy(update={"min": new_lo, "max": new_hi})
-    ledger.record(stage, event, details={"columns": [c.name for c in todo], "sigma": sigma, "mechanism": "gaussian histogram over public candidates"})
+    _record(ledger, stage, event, {"columns": [c.name for c in todo], "sigma": sigma, "mechanism": "gaussian histogram over public candidates"})
     return schema.model_copy(update={"columns": [resolved.get(c.name, c) for c in schema.columns]})
 
 
@@ -117,16 +141,15 @@ def dp_group_label_tables(
         raise ConfigError(f"schema '{schema.name}': fairness statistics need a sensitive attribute")
     y_col = schema.column(schema.target)
     a_cols = [schema.column(a) for a in sensitive]
-    sigma, event = histogram_event(epsilon, ledger.delta, len(sensitive))
-    ledger.check(stage, event)
+    sigma, event = _mechanism(epsilon, ledger, len(sensitive), stage)
     out = {}
     for a_col in a_cols:
         table = pd.crosstab(df[a_col.name].astype(str), df[schema.target].astype(str))
         table = table.reindex(index=a_col.categories, columns=y_col.categories, fill_value=0)
-        noisy = np.maximum(noisy_histogram(table.to_numpy(float), sigma, integer_counts=True), 0.5)
+        noisy = np.maximum(_release(table.to_numpy(float), sigma), 0.5)
         out[a_col.name] = {a: {y: float(noisy[i, j]) for j, y in enumerate(y_col.categories)}
                            for i, a in enumerate(a_col.categories)}
-    ledger.record(stage, event, details={"sensitive": list(sensitive), "target": schema.target, "sigma": sigma})
+    _record(ledger, stage, event, {"sensitive": list(sensitive), "target": schema.target, "sigma": sigma})
     return out
 
 
@@ -154,8 +177,7 @@ def dp_marginals(df: pd.DataFrame, schema: TableSchema, *, epsilon: float, ledge
     pairs: list[tuple[str, str]] = []
     for i, anchor in enumerate(anchors):  # a pair of two anchors is released once, with the earlier one
         pairs += [(c.name, anchor) for c in schema.columns if c.name != anchor and c.name not in anchors[:i]]
-    sigma, event = histogram_event(epsilon, ledger.delta, len(schema.columns) + len(pairs))
-    ledger.check(stage, event)
+    sigma, event = _mechanism(epsilon, ledger, len(schema.columns) + len(pairs), stage)
     codes: dict[str, tuple[np.ndarray, int]] = {}
     out: dict[str, dict] = {}
     for col in schema.columns:
@@ -170,7 +192,7 @@ def dp_marginals(df: pd.DataFrame, schema: TableSchema, *, epsilon: float, ledge
             size = bins
         codes[col.name] = (code, size)
         counts = np.bincount(code[code >= 0], minlength=size).astype(float)
-        entry["counts"] = np.maximum(noisy_histogram(counts, sigma, integer_counts=True), 0.0).tolist()
+        entry["counts"] = np.maximum(_release(counts, sigma), 0.0).tolist()
         out[col.name] = entry
     if pairs:
         out["pairs"] = {}
@@ -182,9 +204,9 @@ def dp_marginals(df: pd.DataFrame, schema: TableSchema, *, epsilon: float, ledge
             n_x, entry["edges"] = pair_bins, edges.tolist()
         ok = (x >= 0) & (y >= 0)
         counts = np.bincount(x[ok] * n_y + y[ok], minlength=n_x * n_y).astype(float)
-        entry["counts"] = np.maximum(noisy_histogram(counts, sigma, integer_counts=True), 0.0).tolist()
+        entry["counts"] = np.maximum(_release(counts, sigma), 0.0).tolist()
         out["pairs"][f"{name}|{anchor}"] = entry
-    ledger.record(stage, event, details={"columns": schema.names, "bins": bins, "sigma": sigma,
+    _record(ledger, stage, event, {"columns": schema.names, "bins": bins, "sigma": sigma,
                                          **({"pairs_with": anchors, "pairs": len(pairs)} if pairs else {}),
                                          **({"pair_bins": pair_bins} if pairs and pair_bins else {})})
     return out

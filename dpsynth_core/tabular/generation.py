@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 from transformers import LogitsProcessorList
 
+from dpsynth_core.config.placement import PlacementSettings
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.tabular.config import FairGenerationSettings, GenerationSettings
 from dpsynth_core.tabular.constrained import ConstrainedRowProcessor, RowConstraint
@@ -109,8 +110,10 @@ class GenerationResult:
         return (self.attempted - self.invalid) / max(self.attempted, 1)
 
 
-def open_row_generator(base_model: str, adapter_dir, settings: GenerationSettings, engine: str = "auto"):
-    """The row generator as a :class:`~dpsynth_core.engines.TextEngine` for :func:`generate_rows`.
+def open_row_generator(base_model: str, adapter_dir, settings: GenerationSettings, engine: str = "auto",
+                       placement: PlacementSettings | None = None):
+    """The row generator as a :class:`~dpsynth_core.engines.TextEngine` for :func:`generate_rows`, on the run's
+    ``placement`` (default: auto).
 
     Fairness-aware generation stays on HF: it reads the generator's own P(Y = pos | row so far)
     from the full logits at the target's value start (the processor records them), which vLLM
@@ -119,9 +122,10 @@ def open_row_generator(base_model: str, adapter_dir, settings: GenerationSetting
     from dpsynth_core.engines import EngineConfig, load_engine
 
     backend = "hf" if settings.fairness.enabled else engine
+    place = placement or PlacementSettings()
     return load_engine(EngineConfig(model=base_model, adapter_dir=adapter_dir, backend=backend,
                                     hf_batch_size=settings.batch_size, max_model_len=1024,
-                                    device=settings.device, dtype=settings.dtype))
+                                    device=place.device, dtype=place.dtype))
 
 
 def _generate_rows_structured(engine, serializer: RowSerializer, settings: GenerationSettings) -> GenerationResult:

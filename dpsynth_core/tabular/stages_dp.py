@@ -38,7 +38,7 @@ def prepare_domain(cfg: TableRunConfig, run: Path, schema: TableSchema) -> dict:
     from dpsynth_core.tabular.dp_domain import estimate_domain
 
     raw = private_data.private_rows(cfg, run, first_stage=True)
-    resolved = estimate_domain(schema, raw, epsilon=cfg.epsilon * cfg.budget.domain, ledger=run_ledger(run))
+    resolved = estimate_domain(schema, raw, epsilon=cfg.epsilon_share(cfg.budget.domain), ledger=run_ledger(run))
     resolved = resolved.with_other_buckets()  # post-processing of the DP output
     resolved.validate_frame(raw, private_data.source_name(cfg))  # cannot fail after preflight: checked, not spent
     atomic_write_text(run / "schema_resolved.json", resolved.model_dump_json(indent=2))
@@ -54,7 +54,7 @@ def stage_fair_stats(cfg: DpFairConfig, root: str) -> dict:
     schema = resolved_schema(run)
     attributes = sensitive_columns(cfg, schema)
     private = private_data.load_private(cfg, run, schema)
-    counts = dp_group_label_tables(private, schema, attributes, epsilon=cfg.epsilon * cfg.budget.fair_stats, ledger=run_ledger(run))
+    counts = dp_group_label_tables(private, schema, attributes, epsilon=cfg.epsilon_share(cfg.budget.fair_stats), ledger=run_ledger(run))
     targets = [FairnessTargets.from_counts(counts[a], a, target_y=cfg.fairness.target_y) for a in attributes]
     atomic_write_text(run / "fair_targets.json", dump_targets(targets))
     return {"sensitive": attributes}
@@ -69,7 +69,7 @@ def stage_marginals(cfg: DpFairConfig, root: str) -> dict:
     schema = resolved_schema(run)
     private = private_data.load_private(cfg, run, schema)
     pairs_with = pair_anchors(cfg, schema)
-    marginals = dp_marginals(private, schema, epsilon=cfg.epsilon * cfg.budget.marginals, ledger=run_ledger(run),
+    marginals = dp_marginals(private, schema, epsilon=cfg.epsilon_share(cfg.budget.marginals), ledger=run_ledger(run),
                              bins=cfg.training.public_stage.marginal_bins, pairs_with=pairs_with,
                              pair_bins=cfg.generation.calibrate.pair_bins)
     atomic_write_text(run / MARGINALS_FILE, json.dumps(marginals, indent=1))

@@ -40,12 +40,10 @@ def stage_model(cfg: DpFairConfig, root: str) -> dict:
     """
     import torch
 
-    from dpsynth_core.config.placement import resolve_placement
     from dpsynth_core.tabular.serialize import RowSerializer
 
     # A forced device this process cannot see fails here, before the private rows are read.
-    resolve_placement(cfg.training.device, cfg.training.dtype, section="training.")
-    resolve_placement(cfg.generation.device, cfg.generation.dtype, section="generation.")
+    cfg.placement.resolve()
     run = Path(root)
     marks = StageMarkers(run)
     schema = resolved_schema(run)
@@ -66,7 +64,6 @@ def _public_stage(cfg: DpFairConfig, run: Path, schema: TableSchema) -> tuple[st
     """Stage 1 (no private data, nothing in the ledger): the model DP-SGD starts from, and a summary.
 
     The merged model is cached beside the run directory under the hash of its public inputs."""
-    from dpsynth_core.config.placement import resolve_placement
     from dpsynth_core.tabular.public_stage import stage_key, train_public_stage
     from dpsynth_core.tabular.serialize import RowSerializer
 
@@ -82,7 +79,7 @@ def _public_stage(cfg: DpFairConfig, run: Path, schema: TableSchema) -> tuple[st
     key = stage_key(t.model, schema, settings, {**s.model_dump(mode="json"), "seed": t.seed})
     out = run.parent / ".public_stage" / key
     summary = train_public_stage(t.model, ser, t.public_stage, t.lora, out, max_seq_len=t.max_seq_len,
-                                 placement=resolve_placement(t.device, t.dtype, section="training."), marginals=marginals)
+                                 placement=cfg.placement.resolve(), marginals=marginals)
     settings.pop("marginals", None)  # in the run directory already (dp_marginals.json)
     atomic_write_text(run / "public_stage.json", json.dumps({"base_model": t.model, "key": key, "settings": settings,
                                                              "serialization": s.model_dump(mode="json"), **summary}, indent=2))
@@ -112,27 +109,34 @@ def _train(cfg: DpFairConfig, run: Path, schema: TableSchema, ser, base_model: s
     # DP-SGD is the last DP stage: start from what is left by plain subtraction, then fill_budget
     # lowers the noise until the ledger's (sub-additive) composed total reaches the budget.
     dcfg = DpSgdConfig(
-        model=base_model, lora=t.lora, epsilon=ledger.remaining_epsilon() * 0.995, steps=t.steps,
+        model=base_model, lora=t.lora, steps=t.steps,
+        epsilon=math.inf if cfg.is_reference else ledger.remaining_epsilon() * 0.995,
         expected_batch_size=t.expected_batch_size, physical_batch_size=t.physical_batch_size,
         learning_rate=t.learning_rate, max_grad_norm=t.max_grad_norm, clipping=t.clipping,  # type: ignore[arg-type]
         max_seq_len=t.max_seq_len, seed=t.seed, torch_threads=t.torch_threads, fill_budget=True,
-        device=t.device, dtype=t.dtype,
+        device=cfg.placement.device, dtype=cfg.placement.dtype,
         public_num_units=private_data.public_size(cfg),  # q from m: the drawn size stays out of the ledger
     )
-    res = train_dp_lora(examples, dcfg, output_dir=run / "train", ledger=ledger, stage="dpsgd", per_example_penalty=penalty)
+    if cfg.is_reference:  # epsilon = inf (not_private: true): the same training, sigma = 0, no clipping
+        from dpsynth_core.dpsgd.noiseless import train_noiseless_lora
+
+        res = train_noiseless_lora(examples, dcfg, output_dir=run / "train", ledger=ledger, stage="dpsgd",
+                                   per_example_penalty=penalty)
+    else:
+        res = train_dp_lora(examples, dcfg, output_dir=run / "train", ledger=ledger, stage="dpsgd",
+                            per_example_penalty=penalty)
     return {"epsilon": res.epsilon, "noise_multiplier": res.noise_multiplier, "steps": res.steps,
             "adapter_dir": str(res.adapter_dir), **({"eo_refreshes": eo.history} if eo is not None else {})}
 
 
 def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path, base_model: str) -> dict:
-    from dpsynth_core.config.placement import resolve_placement
     from dpsynth_core.engines.adapters import load_hf_model
     from dpsynth_core.privacy import PostProcessingEvent
     from dpsynth_core.tabular.generation import generate_rows
 
     ledger = run_ledger(run)
     g = _generation_settings(cfg, run)
-    model, tok = load_hf_model(base_model, adapter, resolve_placement(g.device, g.dtype, section="generation."))
+    model, tok = load_hf_model(base_model, adapter, cfg.placement.resolve())
     ledger.check("generate", PostProcessingEvent())
     t0 = time.time()
     calibration = None
@@ -179,7 +183,7 @@ def _pooled_targets(cfg: DpFairConfig, run: Path, schema: TableSchema, fair: Fai
     from dpsynth_core.tabular.dp_pooling import group_label_measurements, pooled_group_label_counts
     from dpsynth_core.tabular.fairness import FairnessTargets
 
-    if fair.counts is None:
+    if fair.counts is None or cfg.is_reference:  # a reference run's table is exact: nothing to pool
         return fair
     sigmas = _noise_scales(run)
     marginals = json.loads((run / MARGINALS_FILE).read_text()) if (run / MARGINALS_FILE).is_file() else None
@@ -261,7 +265,7 @@ def _calibrate(cfg: DpFairConfig, run: Path, schema: TableSchema, pool: pd.DataF
         weights = None
         if g.calibrate.label_cut == "raked":  # the feature tables only: the label is what is being set
             weights, _ = rake(pool, [m for m in margins if schema.target not in m.columns], max_weight=g.calibrate.max_weight)
-        prior_rows = g.calibrate.label_prior * _noise_sd(run, "dp_marginals") if g.calibrate.label_prior else 0.0
+        prior_rows = g.calibrate.label_prior * _noise_sd(run, "dp_marginals") if g.calibrate.label_prior and not cfg.is_reference else 0.0
         pool = relabel_from_dp_tables(pool, marginals, schema.target, schema.positive(), skip=tuple(parity),
                                       group_by=tuple(parity), rates=fair.targets_for(single, parity) if single else None,
                                       temperature=g.calibrate.label_temperature, seed=g.seed, weights=weights,

@@ -27,7 +27,9 @@ def stage_evaluate(cfg: DpFairConfig, root: str) -> dict:
     report = evaluate_table(synth, private, private_data.load_test(cfg), schema, out_dir=run / "eval",
                             privacy=cfg.evaluate_privacy)
     ledger = run_ledger(run)
-    summary = {"method": "dpfairllm", "epsilon": ledger.total_epsilon(), "delta": ledger.delta,
+    # a reference run (epsilon = inf) states no epsilon, and says it is not private
+    summary = {"method": "dpfairllm", "epsilon": None if cfg.is_reference else ledger.total_epsilon(),
+               "delta": ledger.delta, **({"not_private": True} if not ledger.is_private else {}),
                "valid_fraction": StageMarkers(run).summary("generate")["valid_fraction"],
                **(summary_row(report, sensitive) if sensitive and schema.target else {})}
     # what `dpsynth tune` reports per trial (owner-side: computed on real rows, so a public sweep only)

@@ -43,7 +43,7 @@ class TrainMethod(Method):
         return Path(self.config.ledger.run_dir or root)
 
     def identity(self) -> tuple[dict, tuple[str, ...]]:
-        return self.config.model_dump(mode="json"), EXECUTION_ONLY
+        return self.config.snapshot(), EXECUTION_ONLY
 
     def privacy_plan(self) -> PrivacyPlan:
         """The whole file, delta against its size, the noise calibration against the ledger (``preflight_train``)."""
@@ -53,7 +53,7 @@ class TrainMethod(Method):
         preflight_job(job, self.config_path, fresh=self.fresh)
         n_units = _units(data_source(job.data, self.config_path).load())
         return PrivacyPlan(job.ledger.dataset, job.train.epsilon, job.train.delta, job.train.public_num_units or n_units,
-                           delta_field="train.delta", budget=job.ledger.epsilon_budget)
+                           delta_field="privacy.delta", budget=job.ledger.epsilon_budget)
 
     def release_items(self, root: Path) -> dict[str, Path]:
         """The adapter (with its privacy summary); the loss curve is owner-only."""
@@ -70,7 +70,7 @@ class TrainMethod(Method):
         examples = source.load()
         ledger = PrivacyLedger.open(self.ledger_dir(Path(root)))
         try:
-            check_delta_for_size(ledger.delta, _units(examples), field="train.delta (the ledger's delta)")
+            check_delta_for_size(ledger.delta, _units(examples), field="privacy.delta (the ledger's delta)")
             plan_privacy(job.train, examples, ledger=ledger, stage=job.stage)  # every check, before training
         except ConfigError as exc:
             raise ConfigError(f"{self.config_path}: {exc}") from None
