@@ -152,6 +152,9 @@ def test_config_resolve_prints_the_recipe_and_a_removed_knob_exits_2(tmp_path, m
     resolved = yaml.safe_load(out)
     assert resolved["generation"]["fairness"]["rate_mix"] == 0.4 and resolved["budget"]["marginals"] == 0.5
     assert resolved["generation"]["calibrate"]["stratify"] == "auto" and "chosen by each run" in out
+    from dpsynth.api import DPFairLLM
+
+    assert DPFairLLM.from_yaml(REPO / "configs" / "dpfair_eps1_1000.yaml").resolved_config() == resolved  # the API
     raw = yaml.safe_load((REPO / "configs" / "dpfair_eps1_1000.yaml").read_text())
     raw["generation"]["calibrate"] = {"label_temperature": 1.0}
     (tmp_path / "old.yaml").write_text(yaml.safe_dump(raw))

@@ -23,10 +23,9 @@ def resolve(
     """Print the DPFairLLM config with every default and recipe setting filled in (public config only)."""
     import yaml
 
-    from dpsynth_core.tabular.config import load_dpfair_config
-    from dpsynth_core.tabular.stages_dp import resolved_config
+    from dpsynth.api import DPFairLLM
 
-    resolved = resolved_config(load_dpfair_config(config), run_dir)
+    resolved = DPFairLLM.from_yaml(config).resolved_config(run_dir)
     typer.echo(yaml.safe_dump(resolved, sort_keys=False), nl=False)
     if resolved["generation"]["calibrate"].get("stratify") == "auto":
         typer.echo("# stratify: auto is chosen by each run from its DP tables: see resolved_config.yaml in the run "
