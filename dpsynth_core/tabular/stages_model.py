@@ -213,7 +213,8 @@ def _noise_sd(run: Path, stage: str) -> float:
 def _strata(cfg: DpFairConfig, run: Path) -> StratumQuota | None:
     """``calibrate.stratify``'s quota: one column's DP 1-way marginal, or two columns' DP 2-way table
     (post-processing of the marginals stage)."""
-    columns = run_strata(cfg, run, resolved_schema(run))
+    cal = cfg.generation.calibrate
+    columns = run_strata(cfg, run, resolved_schema(run)) if cal.auto_stratify else cal.stratify_columns
     if not columns:
         return None
     from dpsynth_core.tabular.generation import StratumQuota
