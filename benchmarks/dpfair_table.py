@@ -44,12 +44,15 @@ def _method(run: Path, summary: dict) -> str:
     if calibrate.get("enabled"):  # generation.calibrate: raked to the DP 1-way (and (column, Y)) tables
         how = ", calibrated to DP 1-way" + (" + (column, Y) tables" if calibrate.get("pairs_with_target") else " marginals")
         how += " + (column, A) tables" if calibrate.get("pairs_with_sensitive") else ""
-        how += ", balanced selection" if calibrate.get("select") == "balanced" else ""
+        # select went with issue 41: a run without the key selected as 'balanced' did
+        how += ", balanced selection" if calibrate.get("select", "balanced") == "balanced" else ""
         if calibrate.get("labels") == "dp_tables":
             how += ", labels from the DP tables" + (f" (T = {calibrate['label_temperature']:g})" if calibrate.get("label_temperature") else "")
             how += f" with {calibrate['label_prior']:g} noise sd of pseudo-rows" if calibrate.get("label_prior") else ""
         if calibrate.get("stratify"):
             strata = calibrate["stratify"]
+            if strata == "auto" and (run / "resolved_config.yaml").is_file():  # the run's choice from its DP tables
+                strata = yaml.safe_load((run / "resolved_config.yaml").read_text())["generation"]["calibrate"]["stratify"]
             how += ", pool stratified by " + (" x ".join(strata) if isinstance(strata, list) else str(strata))
     gen_fair = ((cfg or {}).get("generation") or {}).get("fairness") or {}
     if gen_fair.get("rate_mix"):  # where the labels' per-group rates aim: runs aiming elsewhere must not merge

@@ -69,11 +69,15 @@ def recalibrate(run: Path, fields: dict) -> dict:
     fair = g.fairness
     mix = fields.pop("rate_mix", None)
     if mix is not None:  # generation.fairness.rate_mix: between parity (0) and the DP P(Y = pos | A = a) (1)
-        fair = fair.model_copy(update={"rate_mix": float(mix), "target_rates": None})
+        fair = fair.model_copy(update={"rate_mix": float(mix)})
     rates = fields.pop("rates", None)
     if rates is not None:  # explicit target rates per group: "Female/0.18;Male/0.14"
         pairs = (item.split("/") for item in str(rates).split(";") if item)
-        fair = fair.model_copy(update={"target_rates": {group.strip(): float(rate) for group, rate in pairs}})
+        attribute = fair.attributes(schema.sensitive)[0]
+        fair = fair.with_rates({attribute: {group.strip(): float(rate) for group, rate in pairs}})
+    unknown = set(fields) - set(type(g.calibrate).model_fields)
+    if unknown:  # a removed knob (label_temperature, select, ...) or a typo: not silently ignored
+        raise SystemExit(f"not a generation.calibrate setting: {sorted(unknown)}")
     cal = g.calibrate.model_copy(update=fields)
     cfg = cfg.model_copy(update={"generation": g.model_copy(update={"calibrate": cal, "fairness": fair})})
     with tempfile.TemporaryDirectory() as tmp:

@@ -33,10 +33,10 @@ def test_sensitive_is_one_name_or_a_list_with_weights_shared_or_per_attribute():
                        ({"sensitive": "sex", "lambda_eo": -1.0}, ">= 0")):
         with pytest.raises(ValueError, match=match):
             FairnessSettings(**bad)
-    gen = FairGenerationSettings(enabled=True, sensitive=["sex", "race"], target_rates={"race": {"White": 0.3}})
+    gen = FairGenerationSettings(enabled=True, sensitive=["sex", "race"]).with_rates({"race": {"White": 0.3}})
     assert gen.attributes(["sex"]) == ["sex", "race"] and gen.targets_for("race", ["sex", "race"]) == {"White": 0.3}
     assert gen.targets_for("sex", ["sex", "race"]) is None
-    assert FairGenerationSettings(target_rates={"Male": 0.3}).targets_for("sex", ["sex", "race"]) == {"Male": 0.3}
+    assert FairGenerationSettings().with_rates({"sex": {"Male": 0.3}}).targets_for("sex", ["sex", "race"]) == {"Male": 0.3}
     assert FairGenerationSettings().attributes(["sex", "race"]) == ["sex"]  # default: the schema's first
 
 

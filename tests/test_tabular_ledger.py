@@ -404,7 +404,7 @@ def test_rerun_finished_or_changed_config(finished_run, capsys):
          "rate_mix reads the DP P"),
         ({"generation": {"num_rows": 16, "fairness": {"rate_mix": 0.5}}}, "rate_mix sets fair generation"),
         ({"generation": {"num_rows": 16, "fairness": {"enabled": True, "rate_mix": 0.5, "target_rates": {"Male": 0.2}}}},
-         "not both"),
+         "generation.fairness.target_rates was removed"),
     ],
 )
 def test_bad_config_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys, override, message):

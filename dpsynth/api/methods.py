@@ -57,6 +57,13 @@ class DPFairLLM(Job):
 
     method, config_class, ray_driver = "dpfair", DpFairConfig, "ray_jobs.dpfair"
 
+    def resolved_config(self, run_dir: str | Path | None = None) -> dict:
+        """The config as a run resolves it (``dpsynth config resolve``): defaults and ``recipe`` values filled in;
+        given a run directory, the choices that run made from its DP tables (``stratify: auto``). Public config."""
+        from dpsynth_core.tabular.stages_dp import resolved_config
+
+        return resolved_config(self.config, Path(run_dir) if run_dir is not None else None)
+
     def _run_local(self, resume: bool) -> Path:
         from dpsynth_core.tabular.pipeline import run_dpfair
 

@@ -45,6 +45,9 @@ EXAMPLES: dict[str, list[str]] = {
     "submit": ["dpsynth submit -- run actg --config configs/actg_demo.yaml"],
     "tune": ["dpsynth tune --config configs/sweep_actg_tiny.yaml"],
     "generate": ["dpsynth generate --config configs/batch_generate_demo.yaml"],
+    "config": ["dpsynth config resolve --config configs/dpfair_eps4_1000.yaml"],
+    "config resolve": ["dpsynth config resolve --config configs/dpfair_eps4_1000.yaml",
+                       "dpsynth config resolve --config configs/dpfair_eps4_1000.yaml --run runs/dpfair/dpfair_eps4_1000"],
     "release": ["dpsynth release runs/actg_demo published/actg_demo"],
 }
 

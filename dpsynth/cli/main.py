@@ -13,6 +13,7 @@ import typer
 # Command modules by full name: ``from dpsynth.cli import ...`` would read this package's namespace while
 # dpsynth/cli/__init__.py, which imports this module, is still running (an import cycle).
 import dpsynth.cli.audit as audit
+import dpsynth.cli.config as config
 import dpsynth.cli.data as data
 import dpsynth.cli.eval as eval_cmd
 import dpsynth.cli.jobs as jobs
@@ -43,6 +44,7 @@ _app.add_typer(serve.app, name="serve")
 _app.add_typer(eval_cmd.app, name="eval")
 _app.add_typer(jobs.app, name="jobs")
 _app.add_typer(audit.app, name="audit")
+_app.add_typer(config.app, name="config")
 jobs.register_top_level(_app)  # `dpsynth submit` and `dpsynth tune`
 
 

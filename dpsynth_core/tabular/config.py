@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from dpsynth_core.config.record_level import RecordLevelData
 from dpsynth_core.config.placement import PlacementSettings
@@ -35,6 +35,15 @@ def _one_or_many(value):
 Weight = float | dict[str, float]  # one weight shared by every sensitive attribute, or one per attribute
 
 
+def _refuse_removed(raw, section: str, removed: dict[str, str]):
+    """Before validation: a key DPFairLLM no longer has is an error naming it and why it went."""
+    if isinstance(raw, dict):
+        for key in removed:
+            if key in raw:
+                raise ValueError(f"{section}.{key} was removed ({removed[key]}); delete it from the config")
+    return raw
+
+
 class FairGenerationSettings(StrictConfig):
     """Fairness-aware generation: the rejection sampler and the label tilt, for every attribute in
     ``sensitive`` (one name or a list; default: the schema's first sensitive attribute)."""
@@ -43,9 +52,7 @@ class FairGenerationSettings(StrictConfig):
     sensitive: str | list[str] | None = None
     max_dp_gap: float | None = Field(0.05, ge=0)  # per attribute
     max_eo_gap: float | None = Field(None, ge=0)  # per attribute
-    # optional target P(Y = pos | A = a): {group: rate} for the first attribute, or {attribute: {group: rate}}
-    target_rates: dict[str, float] | dict[str, dict[str, float]] | None = None
-    # without target_rates, the target P(Y = pos | A = a) of every enforced attribute is
+    # the target P(Y = pos | A = a) of every enforced attribute is
     # (1 - rate_mix) x P(Y = pos) + rate_mix x P(Y = pos | A = a), both from the run's DP (A, Y) table
     # (fair_targets.json, pooled with the marginals' releases of it: tabular.dp_pooling): 0 = demographic
     # parity; between 0 and 1, labels that keep part of the groups' difference, which costs their true
@@ -53,19 +60,32 @@ class FairGenerationSettings(StrictConfig):
     # Binary targets.
     rate_mix: float = Field(0.0, ge=0, le=1)
     warmup_rows: Annotated[int, OUTPUT_ROWS_CAP] = Field(50, ge=0)  # accept unconditionally until this many rows
-    # decoding-time tilt of the positive label's logit per group towards target_rates (or the overall
+    # decoding-time tilt of the positive label's logit per group towards the target rates (or the overall
     # generated rate), beside the rejection sampler (tabular.fair_decoding); step of its controller
     tilt: bool = False
     tilt_step: float = Field(0.5, gt=0, le=5)
+    # rate_mix's rates once the run has read them from its DP tables ({attribute: {group: rate}}): set by
+    # with_rates (post-processing of DP outputs), never by a config
+    _rates: dict[str, dict[str, float]] | None = PrivateAttr(None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, raw):
+        return _refuse_removed(raw, "generation.fairness", {
+            "target_rates": "hand-set rates; rate_mix sets them from the run's DP (A, Y) tables"})
 
     @model_validator(mode="after")
     def _check(self):
         _one_or_many(self.sensitive)
         if self.rate_mix > 0 and not self.enabled:
             raise ValueError("generation.fairness.rate_mix sets fair generation's targets: set enabled: true")
-        if self.rate_mix > 0 and self.target_rates:
-            raise ValueError("generation.fairness: give target_rates or rate_mix, not both")
         return self
+
+    def with_rates(self, rates: dict[str, dict[str, float]]) -> FairGenerationSettings:
+        """A copy whose targets are ``rates`` ({attribute: {group: rate}}), rate_mix then spent."""
+        copy = self.model_copy(update={"rate_mix": 0.0})
+        copy._rates = rates
+        return copy
 
     def attributes(self, schema_sensitive: list[str]) -> list[str]:
         """The attributes generation enforces (``sensitive``, else the schema's first one)."""
@@ -73,21 +93,21 @@ class FairGenerationSettings(StrictConfig):
             return [self.sensitive] if isinstance(self.sensitive, str) else list(self.sensitive)
         return schema_sensitive[:1]
 
+    @property
+    def target_rates(self) -> dict[str, dict[str, float]] | None:
+        """The per-group target rates the run set (:meth:`with_rates`); None: parity."""
+        return self._rates
+
     def targets_for(self, attribute: str, attributes: list[str]) -> dict[str, float] | None:
-        """``target_rates`` of one attribute (a flat map belongs to the first attribute)."""
-        rates = self.target_rates
-        if not rates:
-            return None
-        if all(isinstance(v, dict) for v in rates.values()):
-            return rates.get(attribute)  # type: ignore[return-value]
-        return rates if attribute == attributes[0] else None  # type: ignore[return-value]
+        """The target rates of one attribute (None: parity)."""
+        return (self._rates or {}).get(attribute)
 
 
 class CalibrationSettings(StrictConfig):
     """Generate ``pool_factor`` x ``num_rows`` rows, rake them to the run's DP 1-way marginals (the
     ``marginals`` stage, ``budget.marginals``) and release ``num_rows`` of them (``tabular.calibrate``;
     post-processing). With ``fairness`` and fairness-aware generation on, the (A, Y) cells of each
-    enforced attribute are raked to demographic parity too (``target_rates`` when given).
+    enforced attribute are raked to demographic parity too (``rate_mix``'s rates when set).
     ``pairs_with_target``: the marginals stage also releases each column's 2-way histogram with the
     target (K - 1 more compositions under the same ``budget.marginals``) and the pool is raked to them
     (the (A, Y) pair of an attribute raked to parity is left out). ``pairs_with_sensitive``: also each
@@ -99,22 +119,12 @@ class CalibrationSettings(StrictConfig):
 
     enabled: bool = False
     pool_factor: float = Field(3.0, ge=1, le=20)
-    max_weight: float = Field(20.0, gt=1, le=1000)  # raking weights are capped at this multiple of the mean
     fairness: bool = True
     pairs_with_target: bool = False
     pairs_with_sensitive: bool = False
-    # equal-width bins of a numeric column in those 2-way tables (None: the 1-way marginals' bins,
-    # training.public_stage.marginal_bins); coarser cells hold more rows against the same noise
-    pair_bins: int | None = Field(None, ge=2, le=256)
-    # which rows of the raked pool are released: greedily matching the margins (balanced) or by the weights
-    # (pps); balanced measured closer to the marginals (docs/results/config_figures.md)
-    select: Literal["pps", "balanced"] = "balanced"
     # where the released rows' target comes from: the generator, or a ranking by the naive-Bayes score of
     # the DP (column, target) tables (tabular.labeller; needs pairs_with_target and a binary target)
     labels: Literal["generator", "dp_tables"] = "generator"
-    # dp_tables: rank score + label_temperature x logistic noise (0: the plain ranking; larger: labels less
-    # tied to the features, fairness gaps and F1 both lower)
-    label_temperature: float = Field(0.0, ge=0, le=100)
     # dp_tables: pseudo-rows added to every cell of the (column, target) tables before the score reads
     # them, in units of the tables' noise sd (from the ledger): noisy sparse cells shrink towards no evidence
     label_prior: float = Field(0.0, ge=0, le=100)
@@ -126,25 +136,46 @@ class CalibrationSettings(StrictConfig):
     # column (e.g. the sensitive one) by its 1-way marginal, two by their released 2-way table (one of
     # them the target with pairs_with_target, or a sensitive attribute with pairs_with_sensitive). A
     # generator that writes 90 % men, or women married as often as men, still leaves the raking the
-    # rows the data has. None: every value is the generator's
+    # rows the data has. None: every value is the generator's. auto: the enforced sensitive attribute(s)
+    # and a proxy chosen from the run's DP (column, A) tables (tabular.strata; needs pairs_with_sensitive)
     stratify: str | list[str] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, raw):
+        return _refuse_removed(raw, "generation.calibrate", {
+            "max_weight": "raking weights are capped at 20 x their mean",
+            "pair_bins": "the 2-way tables use the 1-way marginals' bins",
+            "select": "the released rows are always chosen to match the DP margins, the former 'balanced'",
+            "label_temperature": "noise on the label ranking measured no better"})
 
     @model_validator(mode="after")
     def _settings_they_need(self):
         if self.stratify is not None and not self.enabled:
             raise ValueError("generation.calibrate.stratify fixes values in the calibrated pool: set enabled: true")
         columns = self.stratify_columns
-        if len(columns) > 2 or len(set(columns)) < len(columns) or (self.stratify is not None and not columns):
+        named_none = self.stratify is not None and not columns and not self.auto_stratify  # e.g. []
+        if len(columns) > 2 or len(set(columns)) < len(columns) or named_none:
             raise ValueError("generation.calibrate.stratify: one column, or two different ones (the DP tables are "
                              f"1- and 2-way), got {self.stratify}")
+        if self.auto_stratify and not self.pairs_with_sensitive:
+            raise ValueError("generation.calibrate.stratify 'auto' picks a proxy from the DP (column, A) tables: set "
+                             "pairs_with_sensitive: true")
         if self.labels == "dp_tables" and not self.pairs_with_target:
             raise ValueError("generation.calibrate.labels 'dp_tables' reads the DP (column, target) tables: set "
                              "pairs_with_target: true")
         return self
 
     @property
+    def auto_stratify(self) -> bool:
+        """``stratify: auto``: the run chooses the columns from its DP tables (``tabular.strata``)."""
+        return self.stratify == "auto"
+
+    @property
     def stratify_columns(self) -> tuple[str, ...]:
-        """``stratify`` as a tuple of column names (empty: off)."""
+        """``stratify`` as a tuple of column names (empty: off, or ``auto`` before the run chose)."""
+        if self.auto_stratify:
+            return ()
         return (self.stratify,) if isinstance(self.stratify, str) else tuple(self.stratify or ())
 
 
@@ -335,6 +366,9 @@ class DpFairConfig(TableRunConfig):
     name: str = "dpfair"
     output_dir: RunDirPath = Path("runs/dpfair")
     placement: PlacementSettings = Field(default_factory=PlacementSettings)  # train and generate (the model stage)
+    # fair-v1: every key the config leaves out takes the frozen recipe's value (tabular.recipe); None:
+    # the plain field defaults below (building blocks, each off)
+    recipe: Literal["fair-v1"] | None = None
     serialization: SerializationSettings = Field(default_factory=SerializationSettings)
     training: TrainingSettings = Field(default_factory=TrainingSettings)
     fairness: FairnessSettings = Field(default_factory=FairnessSettings)
@@ -342,6 +376,17 @@ class DpFairConfig(TableRunConfig):
     evaluate_reference: bool = True  # also train the TSTR classifiers on the real sample (a reference row)
     use_ray: bool = True  # train + generate as a Ray task (False: in this process)
     resources: StageResources = Field(default_factory=lambda: StageResources(cpus=1, gpus=0))  # that Ray task
+
+    @model_validator(mode="before")
+    @classmethod
+    def _recipe(cls, raw):
+        if isinstance(raw, dict) and raw.get("recipe") is not None:
+            from dpsynth_core.tabular.recipe import RECIPE, apply_recipe
+
+            if raw["recipe"] != RECIPE:
+                raise ValueError(f"recipe: '{raw['recipe']}' is not a recipe; the one there is is '{RECIPE}'")
+            return apply_recipe(raw)
+        return raw
 
     @model_validator(mode="before")
     @classmethod

@@ -11,10 +11,13 @@ import pandas as pd
 from dpsynth_core.runs.files import atomic_write_text
 from dpsynth_core.tabular import private_data
 from dpsynth_core.tabular.config import DpFairConfig, TableRunConfig
-from dpsynth_core.tabular.run_schema import pair_anchors, public_schema, resolved_schema, sensitive_columns
+from dpsynth_core.tabular.run_schema import (
+    pair_anchors, pair_attributes, public_schema, resolved_schema, sensitive_columns,
+)
 from dpsynth_core.tabular.schema import TableSchema
 
 MARGINALS_FILE = "dp_marginals.json"
+RESOLVED_CONFIG = "resolved_config.yaml"  # the config as the run resolved it (public: no private value)
 
 
 def run_ledger(root: Path):
@@ -70,8 +73,75 @@ def stage_marginals(cfg: DpFairConfig, root: str) -> dict:
     private = private_data.load_private(cfg, run, schema)
     pairs_with = pair_anchors(cfg, schema)
     marginals = dp_marginals(private, schema, epsilon=cfg.epsilon_share(cfg.budget.marginals), ledger=run_ledger(run),
-                             bins=cfg.training.public_stage.marginal_bins, pairs_with=pairs_with,
-                             pair_bins=cfg.generation.calibrate.pair_bins)
+                             bins=cfg.training.public_stage.marginal_bins, pairs_with=pairs_with)
     atomic_write_text(run / MARGINALS_FILE, json.dumps(marginals, indent=1))
-    return {"columns": [c for c in marginals if c != "pairs"], **({"pairs_with": pairs_with} if pairs_with else {})}
+    strata = run_strata(cfg, run, schema)
+    write_resolved_config(cfg, run)
+    return {"columns": [c for c in marginals if c != "pairs"], **({"pairs_with": pairs_with} if pairs_with else {}),
+            **({"stratify": list(strata)} if strata else {})}
 
+
+def released_tables(run: Path) -> tuple[dict, float]:
+    """The run's released DP marginals and the noise sd its ledger recorded for them (last entry)."""
+    marginals = json.loads((run / MARGINALS_FILE).read_text())
+    sigma = [float(e.details["sigma"]) for e in run_ledger(run).entries()
+             if e.stage == "dp_marginals" and "sigma" in e.details][-1]
+    return marginals, sigma
+
+
+def run_strata(cfg: DpFairConfig, run: Path, schema: TableSchema) -> tuple[str, ...]:
+    """The columns generation fixes per row: ``calibrate.stratify`` as given, or with ``auto`` chosen from
+    the run's released DP tables (``tabular.strata``; post-processing)."""
+    if not cfg.generation.calibrate.auto_stratify:
+        return cfg.generation.calibrate.stratify_columns
+    return strata_from_tables(cfg, schema, *released_tables(run))
+
+
+def strata_from_tables(cfg: DpFairConfig, schema: TableSchema, marginals: dict, sigma: float) -> tuple[str, ...]:
+    """``stratify: auto`` resolved on released tables (noise sd ``sigma``): the enforced attributes and the
+    proxy among the run's other categorical columns (not the target, not a sensitive one of the schema)."""
+    from dpsynth_core.tabular.strata import choose_strata
+
+    attributes = pair_attributes(cfg, schema)
+    candidates = [c.name for c in schema.columns if c.is_categorical and c.name != schema.target
+                  and c.name not in schema.sensitive and c.name not in attributes]
+    return choose_strata(marginals, attributes, candidates, sigma)
+
+
+def column_order(cfg: DpFairConfig, schema: TableSchema, strata: tuple[str, ...]) -> list[str]:
+    """The order the rows are written in: with ``stratify: auto`` its columns first, so the rest of a row
+    is written given them; otherwise the config's ``columns``."""
+    if not cfg.generation.calibrate.auto_stratify:
+        return schema.names
+    return list(strata) + [c for c in schema.names if c not in strata]
+
+
+def run_column_order(cfg: DpFairConfig, run: Path, schema: TableSchema) -> list[str]:
+    """:func:`column_order` of a run (its strata from its tables)."""
+    return column_order(cfg, schema, run_strata(cfg, run, schema))
+
+
+def resolved_with_tables(cfg: DpFairConfig, schema: TableSchema, marginals: dict, sigma: float) -> dict:
+    """The config as a run with these released tables resolves it: ``stratify: auto`` and the column order
+    chosen, every default and recipe value filled in (public config only)."""
+    resolved = cfg.model_dump(mode="json", by_alias=True)
+    if cfg.generation.calibrate.auto_stratify:
+        strata = strata_from_tables(cfg, schema, marginals, sigma)
+        resolved["columns"] = column_order(cfg, schema, strata)
+        resolved["generation"]["calibrate"]["stratify"] = list(strata)
+    return resolved
+
+
+def resolved_config(cfg: DpFairConfig, run: Path | None = None) -> dict:
+    """The config as a run resolves it; without a run (or before its marginals stage) ``stratify: auto``
+    stays ``auto``: it is chosen from the run's own DP tables."""
+    if run is None or not cfg.generation.calibrate.auto_stratify or not (Path(run) / MARGINALS_FILE).is_file():
+        return cfg.model_dump(mode="json", by_alias=True)
+    return resolved_with_tables(cfg, resolved_schema(Path(run)), *released_tables(Path(run)))
+
+
+def write_resolved_config(cfg: DpFairConfig, run: Path) -> None:
+    """``resolved_config.yaml`` in the run directory (:func:`resolved_config` of the run)."""
+    import yaml
+
+    atomic_write_text(run / RESOLVED_CONFIG, yaml.safe_dump(resolved_config(cfg, run), sort_keys=False))

@@ -20,7 +20,7 @@ from dpsynth_core.tabular import private_data
 from dpsynth_core.tabular.config import DpFairConfig, GenerationSettings
 from dpsynth_core.tabular.run_schema import resolved_schema
 from dpsynth_core.tabular.schema import TableSchema
-from dpsynth_core.tabular.stages_dp import MARGINALS_FILE, run_ledger, write_csv
+from dpsynth_core.tabular.stages_dp import MARGINALS_FILE, run_column_order, run_ledger, run_strata, write_csv
 
 if TYPE_CHECKING:  # imported where used: generation needs torch, calibration only numpy
     from dpsynth_core.tabular.calibrate import CalibrationResult
@@ -47,6 +47,8 @@ def stage_model(cfg: DpFairConfig, root: str) -> dict:
     run = Path(root)
     marks = StageMarkers(run)
     schema = resolved_schema(run)
+    if cfg.generation.calibrate.auto_stratify:  # its chosen columns are written first
+        schema = schema.select(run_column_order(cfg, run, schema))
     ser = RowSerializer(schema, separator=cfg.serialization.separator, prefix=cfg.serialization.prefix,  # type: ignore[arg-type]
                         random_order=cfg.serialization.random_order, seed=cfg.training.seed)
     if cfg.training.torch_threads:
@@ -157,12 +159,13 @@ def _generate(cfg: DpFairConfig, run: Path, ser, adapter: Path, base_model: str)
     return {"rows": len(frame), "attempted": gen.attempted, "invalid": gen.invalid, "rejected": gen.rejected,
             "valid_fraction": gen.valid_fraction, "seconds": time.time() - t0, "gap_history": gen.gap_history[-5:],
             **({"calibration": calibration.summary()} if calibration is not None else {}),
-            **({"target_rates": g.fairness.target_rates} if cfg.generation.fairness.rate_mix > 0 else {})}
+            **({"target_rates": g.fairness.target_rates} if cfg.generation.fairness.rate_mix > 0 else {}),
+            **({"stratify": list(run_strata(cfg, run, resolved_schema(run)))} if g.calibrate.stratify else {})}
 
 
 def _generation_settings(cfg: DpFairConfig, run: Path) -> GenerationSettings:
-    """``cfg.generation`` with ``fairness.rate_mix`` turned into explicit per-group ``target_rates`` (from
-    the run's DP releases of the (A, Y) table, pooled: post-processing)."""
+    """``cfg.generation`` with ``fairness.rate_mix`` turned into per-group target rates (from the run's DP
+    releases of the (A, Y) table, pooled: post-processing)."""
     g = cfg.generation
     mix = g.fairness.rate_mix
     if mix <= 0 or not g.fairness.enabled:
@@ -173,7 +176,7 @@ def _generation_settings(cfg: DpFairConfig, run: Path) -> GenerationSettings:
     targets = {t.sensitive: t for t in load_targets((run / "fair_targets.json").read_text())}
     rates = {a: _pooled_targets(cfg, run, schema, targets[a]).mixed_rates(schema.positive(), mix)
              for a in g.fairness.attributes(schema.sensitive)}
-    return g.model_copy(update={"fairness": g.fairness.model_copy(update={"rate_mix": 0.0, "target_rates": rates})})
+    return g.model_copy(update={"fairness": g.fairness.with_rates(rates)})
 
 
 def _pooled_targets(cfg: DpFairConfig, run: Path, schema: TableSchema, fair: FairnessTargets) -> FairnessTargets:
@@ -214,7 +217,8 @@ def _noise_sd(run: Path, stage: str) -> float:
 def _strata(cfg: DpFairConfig, run: Path) -> StratumQuota | None:
     """``calibrate.stratify``'s quota: one column's DP 1-way marginal, or two columns' DP 2-way table
     (post-processing of the marginals stage)."""
-    columns = cfg.generation.calibrate.stratify_columns
+    cal = cfg.generation.calibrate
+    columns = run_strata(cfg, run, resolved_schema(run)) if cal.auto_stratify else cal.stratify_columns
     if not columns:
         return None
     from dpsynth_core.tabular.generation import StratumQuota
@@ -264,12 +268,11 @@ def _calibrate(cfg: DpFairConfig, run: Path, schema: TableSchema, pool: pd.DataF
         single = parity[0] if len(parity) == 1 else None
         weights = None
         if g.calibrate.label_cut == "raked":  # the feature tables only: the label is what is being set
-            weights, _ = rake(pool, [m for m in margins if schema.target not in m.columns], max_weight=g.calibrate.max_weight)
+            weights, _ = rake(pool, [m for m in margins if schema.target not in m.columns])
         prior_rows = g.calibrate.label_prior * _noise_sd(run, "dp_marginals") if g.calibrate.label_prior and not cfg.is_reference else 0.0
         pool = relabel_from_dp_tables(pool, marginals, schema.target, schema.positive(), skip=tuple(parity),
                                       group_by=tuple(parity), rates=fair.targets_for(single, parity) if single else None,
-                                      temperature=g.calibrate.label_temperature, seed=g.seed, weights=weights,
+                                      seed=g.seed, weights=weights,
                                       prior_rows=prior_rows)
-    return calibrate_rows(pool, margins, g.num_rows, seed=g.seed, max_weight=g.calibrate.max_weight,
-                          select=g.calibrate.select)
+    return calibrate_rows(pool, margins, g.num_rows, seed=g.seed, select="balanced")
 
