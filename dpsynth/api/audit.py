@@ -170,6 +170,9 @@ class AimTarget(ReleaseTarget):
     def released_records(self, release_dir: Path) -> pd.DataFrame:
         return pd.read_csv(Path(release_dir) / "synthetic.csv", keep_default_na=False)
 
+    def audited_run_dir(self) -> Path | None:
+        return _same_config_run(self.config.run_dir(), self.config)
+
 
 class _AuditMethod(Method):
     """A method's own stages for one audit run (``audit_stages``); everything else delegated."""
@@ -196,6 +199,15 @@ class _AuditMethod(Method):
 
     def release_name(self) -> str:
         return f"{self.inner.release_name()} (audit run)"
+
+
+def _same_config_run(root: Path, config) -> Path | None:
+    from dpsynth_core.runs import refuse_changed_config
+
+    try:
+        return Path(root) if refuse_changed_config(Path(root), config.model_dump(mode="json")) else None
+    except ConfigError:  # a run of another config: the audit is not about it
+        return None
 
 
 def _outcome(result) -> AuditRunOutcome:
@@ -251,6 +263,9 @@ class PETarget(ReleaseTarget):
     def released_records(self, release_dir: Path) -> list[str]:
         lines = (Path(release_dir) / "synthetic.jsonl").read_text(encoding="utf-8").splitlines()
         return [json.loads(line)["text"] for line in lines if line.strip()]
+
+    def audited_run_dir(self) -> Path | None:
+        return _same_config_run(Path(self.config.run_dir), self.config)
 
 
 def _copy_private_texts(cfg, root: str) -> dict:

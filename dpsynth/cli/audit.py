@@ -129,12 +129,15 @@ def release(
 
     target, settings, output_dir = load_release_audit(config, canaries, mode)
     out_dir = out or output_dir
-    work_dir = out_dir / f".audit-run-{secrets.token_hex(4)}"  # the audit's own run (deleted afterwards)
+    work_dir = (out_dir / f".audit-run-{secrets.token_hex(4)}").resolve()  # the audit's own run (deleted afterwards)
     try:
         result = run_release_audit(target, settings, work_dir, allow_test_only=allow_test_only)
     except ConfigError as exc:
         raise ConfigError(f"{config}: {exc}") from None
     summary = write_release_audit(result, out_dir / "release_audit.json")
+    audited = target.audited_run_dir()
+    if audited is not None:  # a run of this same config: its report (`dpsynth report`) shows the bound
+        typer.echo(f"also in the run of this config: {write_release_audit(result, audited / 'audit' / 'release_audit.json')}")
     verdict = {"failed": "FAILED: the claim is refuted", "passed": "passed: the claim is not refuted",
                "inconclusive": "INCONCLUSIVE: this audit could not have failed"}[result.status]
     typer.echo(

@@ -69,6 +69,10 @@ class ReleaseTarget(ABC):
     def released_records(self, release_dir: Path) -> Any:
         """The released records the attack reads (the synthetic table or texts)."""
 
+    def audited_run_dir(self) -> Path | None:
+        """The run directory of this very config, when it holds a run (its report then shows the audit)."""
+        return None
+
 
 @dataclass
 class ReleaseAuditResult:

@@ -26,7 +26,7 @@ class ReleaseAuditSettings(StrictConfig):
     so precision on few guesses refutes more than accuracy on many.
     """
 
-    # m = 1,000 with 40 "in" guesses can refute up to 2.6 at delta = 1e-5; m = 200 with 8 only up to 1.0
+    # m = 1,000 with 40 "in" guesses can refute up to 2.5 at delta = 1e-5; m = 200 with 8 only up to 0.78
     canaries: int = Field(1000, ge=4)
     guesses_in: int | None = Field(None, ge=1)
     guesses_out: int = Field(0, ge=0)
