@@ -96,3 +96,24 @@ def test_summary_states_the_claim_beside_the_bound(aim_config, tmp_path):
     summary = json.loads(write_release_audit(result, tmp_path / "release_audit.json").read_text())
     assert summary["status"] == "passed" and summary["false_alarm_rate"] == 0.05
     assert summary["claimed_epsilon"] == 1.0 and "lower bound" in summary["reading"]
+
+
+def test_canaries_avoid_the_data_and_a_copy_outscores_a_near_miss():
+    from dpsynth_core.audit.release_canaries import TableCanaries, TableColumn, TextCanaries
+
+    rng = np.random.default_rng()
+    design = TableCanaries([TableColumn("city", tuple(CATEGORIES[:20])), TableColumn("age", None, 17, 90, True)])
+    data = pd.DataFrame({"city": CATEGORIES[:10], "age": list(range(20, 30))})
+    canaries = design.draw(300, data, rng)
+    keys = set(zip(canaries["city"], canaries["age"]))
+    assert len(keys) == 300 and not keys & set(zip(data["city"], data["age"]))
+    near_miss = canaries.iloc[[1]].assign(age=lambda f: np.where(f["age"] < 90, f["age"] + 1, f["age"] - 1))
+    unrelated = canaries[~canaries["city"].isin(canaries["city"].iloc[:2])].iloc[[0]]
+    scores = design.score(pd.concat([canaries.iloc[:2], unrelated]), pd.concat([canaries.iloc[[0]], near_miss]))
+    assert scores[0] >= 1.0 > scores[1] > scores[2]  # copied row > one cell off by a year > unrelated
+
+    texts = TextCanaries(words=5)
+    secrets_ = texts.draw(50, ["an ordinary private abstract"], rng)
+    assert len(set(secrets_)) == 50
+    scores = texts.score(secrets_[:2], [f"Some text. {secrets_[0]} More.", "the access code is unknown"])
+    assert scores[0] > 1.0 > 0.0 == scores[1]
