@@ -28,7 +28,7 @@ from dpsynth_core.errors import ConfigError
 from dpsynth_core.runs.contract import Method, Stage
 
 AUDIT_RECORDS = "owner_only/audit_records"  # the audit run's private file (mode 0600), deleted with the run
-NOISE_OFF_EPSILON = 1e6  # dp_off: AIM's Gaussian noise at this epsilon is ~1e-5 of a count: none in effect
+NOISE_OFF_RHO = 1e8  # dp_off: AIM's Gaussian noise at this zCDP rho is ~1e-3 of a count: none in effect
 TEST_ONLY_REASON = "test-only audit mode '{mode}': {what} (dpsynth audit release --allow-test-only)"
 
 
@@ -76,8 +76,8 @@ def _aim_noise_off(cfg, root: str) -> dict:
     run = Path(root)
     schema = resolved_schema(run)
     private = private_data.load_private(cfg, run, schema)
-    synth = aim_synthesize(private, schema, epsilon=NOISE_OFF_EPSILON, ledger=_NoLedger(PrivacyLedger.open(run).delta),
-                           num_rows=cfg.num_rows, bins=cfg.bins, seed=cfg.sample_seed)
+    synth = aim_synthesize(private, schema, epsilon=cfg.epsilon, ledger=_NoLedger(PrivacyLedger.open(run).delta),
+                           num_rows=cfg.num_rows, bins=cfg.bins, seed=cfg.sample_seed, rho=NOISE_OFF_RHO)
     atomic_write_text(run / "synthetic.csv", synth.to_csv(index=False))
     return {"rows": len(synth)}
 

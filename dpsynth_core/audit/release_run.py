@@ -93,7 +93,6 @@ class ReleaseAuditResult:
     ledger_epsilon: float
     ledger_private: bool
     wall_seconds: float
-    config_sha256: str = ""
 
     @property
     def status(self) -> str:
