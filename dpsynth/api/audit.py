@@ -28,7 +28,7 @@ from dpsynth_core.errors import ConfigError
 from dpsynth_core.runs.contract import Method, Stage
 
 AUDIT_RECORDS = "owner_only/audit_records"  # the audit run's private file (mode 0600), deleted with the run
-NOISE_OFF_RHO = 1e8  # dp_off: AIM's Gaussian noise at this zCDP rho is ~1e-3 of a count: none in effect
+NOISE_OFF_RHO = 1e5  # dp_off: AIM's Gaussian noise at this zCDP rho is ~0.01 of a count (sigma = sqrt(T / 1.8 rho)): none in effect
 TEST_ONLY_REASON = "test-only audit mode '{mode}': {what} (dpsynth audit release --allow-test-only)"
 
 
