@@ -117,3 +117,17 @@ def test_canaries_avoid_the_data_and_a_copy_outscores_a_near_miss():
     assert len(set(secrets_)) == 50
     scores = texts.score(secrets_[:2], [f"Some text. {secrets_[0]} More.", "the access code is unknown"])
     assert scores[0] > 1.0 > 0.0 == scores[1]
+
+
+def test_the_run_report_shows_the_release_audit_beside_the_claim():
+    from types import SimpleNamespace
+
+    from dpsynth_core.report.privacy import _audit
+
+    figures: list = []
+    audit = {"epsilon_lower_bound": 2.5, "canaries": 1000, "reached": 500, "guesses": 40, "correct": 40,
+             "claimed_epsilon": 1.0, "status": "failed"}
+    assert _audit(SimpleNamespace(audit=None, release_audit=audit), figures)  # a refuted claim is flagged
+    (figure,) = figures
+    assert figure.value == 2.5 and figure.reference == 1.0 and figure.reference_label == "claimed ε"
+    assert "1000 canaries, 500 reached the mechanism, 40/40" in figure.n and figure.flag == "audit failed"
