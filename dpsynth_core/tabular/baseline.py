@@ -43,9 +43,12 @@ def aim_synthesize(
     stage: str = "aim_baseline",
     bins: int = 16,
     seed: int = 0,
+    rho: float | None = None,
 ) -> pd.DataFrame:
     """Fit AIM on ``real`` (validated against ``schema``) and sample ``num_rows`` rows (a public
-    number: sampling as many rows as the private table has would publish its size)."""
+    number: sampling as many rows as the private table has would publish its size). ``rho``: spend
+    exactly this zCDP rho instead of the one (epsilon, delta) converts to (the release audit's noise-off
+    mode passes an enormous one, with a ledger that records nothing)."""
     from snsynth.transform import BinTransformer, LabelTransformer, TableTransformer
     from snsynth.utils import cdp_rho
 
@@ -53,8 +56,8 @@ def aim_synthesize(
     from dpsynth_core.privacy.aim import make_aim, sample_rows
 
     real = schema.validate_frame(real, "AIM input")
-    rho = float(cdp_rho(epsilon, ledger.delta))
-    event = ZCdpEvent(rho=rho)
+    spend = float(cdp_rho(epsilon, ledger.delta)) if rho is None else float(rho)
+    event = ZCdpEvent(rho=spend)
     ledger.check(stage, event)  # before touching the data
     transformers = [
         LabelTransformer(nullable=False) if c.is_categorical else BinTransformer(bins=bins, lower=float(c.min), upper=float(c.max), nullable=False)
@@ -62,7 +65,7 @@ def aim_synthesize(
     ]
     tt = TableTransformer(transformers)
     tt.fit(_public_frame(schema, bins))  # public: no epsilon, no private data
-    synth = make_aim(float(epsilon), float(ledger.delta), verbose=False)  # secret selection noise
+    synth = make_aim(float(epsilon), float(ledger.delta), rho=rho, verbose=False)  # secret selection noise; rho None: AIM converts
     with contextlib.redirect_stdout(io.StringIO()):
         synth.fit(real, transformer=tt, preprocessor_eps=0.0)
         out = sample_rows(synth, num_rows, seed)  # post-processing: seeded sampling only
