@@ -42,31 +42,22 @@ def console_errors(console: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, biorxiv_csv, adult_dir):
-    """A tiny ACTG run and a tiny DPFairLLM run (configs/actg_tiny.yaml, configs/dpfair_tiny_test.yaml); the table
-    run in a second process while the text run runs here (the pair fits the test budget on two cores)."""
-    import subprocess
-    import sys
-
+def runs(tmp_path_factory, biorxiv_csv, adult_dir, tiny_actg_run):
+    """A tiny ACTG run (the session's, tests/tiny_actg_run.py: configs/actg_tiny.yaml, also asserted on by
+    tests/test_actg_pipeline.py) and a tiny DPFairLLM run (configs/dpfair_tiny_test.yaml). Tests copy them
+    before changing anything."""
     import yaml
 
-    from dpsynth_core.actg.pipeline import ActgConfig, run_pipeline
+    from dpsynth_core.tabular.config import load_dpfair_config
+    from dpsynth_core.tabular.pipeline import run_dpfair
 
     repo = Path(__file__).resolve().parent.parent
     base = tmp_path_factory.mktemp("report_runs")
     table = yaml.safe_load((repo / "configs" / "dpfair_tiny_test.yaml").read_text())
     table.update(output_dir=str(base), schema_path=str(repo / table["schema_path"]))
     (base / "dpfair.yaml").write_text(yaml.safe_dump(table))
-    dpfair = subprocess.Popen([sys.executable, "-c", "import sys; from dpsynth_core.tabular.config import "
-                               "load_dpfair_config; from dpsynth_core.tabular.pipeline import run_dpfair; "
-                               "print(run_dpfair(load_dpfair_config(sys.argv[1])))", str(base / "dpfair.yaml")],
-                              cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    raw = yaml.safe_load((repo / "configs" / "actg_tiny.yaml").read_text())
-    raw.update(run_dir=str(base / "actg"), schema_path=str(repo / raw["schema_path"]))
-    actg = run_pipeline(ActgConfig.model_validate(raw), resume=True)
-    out, err = dpfair.communicate(timeout=600)
-    assert dpfair.returncode == 0, err[-3000:]
-    return {"actg": Path(actg), "dpfair": Path(out.strip().splitlines()[-1])}
+    dpfair = run_dpfair(load_dpfair_config(base / "dpfair.yaml"))
+    return {"actg": tiny_actg_run.run, "dpfair": Path(dpfair)}
 
 
 def _copy(run: Path, dest: Path) -> Path:
