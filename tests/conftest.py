@@ -45,16 +45,16 @@ SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 SERVE_FILES = {"test_serve_generation.py", "test_serve_limits.py", "test_serve_config.py", "test_pe_runs.py",
                "test_pe_openai_backend.py"}
-# the files that share the session's tiny ACTG and DPFairLLM runs (``tiny_actg_run``, ``tiny_dpfair_run``): one
-# worker builds each once
-TINY_RUN_FILES = {"test_actg_pipeline.py", "test_report.py", "test_tabular_ledger.py"}
+# the files that share the session's tiny ACTG run (``tiny_actg_run``): one worker builds it once
+TINY_RUN_FILES = {"test_actg_pipeline.py", "test_report.py"}
 
 
 # Minutes-long groups first (longest first, from a full run's durations), so no worker is left with
 # one of them at the end; order kept within a group. scripts/run_tests.sh keeps this order in xdist.
-SLOW_FIRST = ("tiny_runs", "test_sweep.py", "serve", "test_vllm_ray_llm.py", "test_dpsgd_ray.py", "test_gpu_check.py",
-              "test_batch_generate.py", "test_vllm_engine.py", "test_fsdp_ray.py", "test_quiet_output.py",
-              "test_dpsgd_privacy.py", "test_dpsgd_core.py", "test_cluster.py")
+SLOW_FIRST = ("tiny_runs", "test_sweep.py", "serve", "test_vllm_ray_llm.py", "test_dpsgd_ray.py",
+              "test_tabular_ledger.py", "test_gpu_check.py", "test_batch_generate.py", "test_vllm_engine.py",
+              "test_fsdp_ray.py", "test_quiet_output.py", "test_dpsgd_privacy.py", "test_dpsgd_core.py",
+              "test_cluster.py")
 
 
 def _group(name: str) -> str:
@@ -104,15 +104,6 @@ def tiny_actg_run(ray_session, tmp_path_factory):
     from tests.tiny_actg_run import crash_and_resume
 
     return crash_and_resume(tmp_path_factory.mktemp("tiny_actg"))
-
-
-@pytest.fixture(scope="session")
-def tiny_dpfair_run(ray_session, tmp_path_factory, adult_dir):
-    """A tiny DPFairLLM run through the Ray driver (tests/tiny_dpfair_run.py): (run, config path, Ray task calls),
-    built once for tests/test_tabular_ledger.py and tests/test_report.py; users copy it before changing it."""
-    from tests.tiny_dpfair_run import finished_run
-
-    return finished_run(tmp_path_factory.mktemp("dpfair"))
 
 
 @pytest.fixture(scope="session")

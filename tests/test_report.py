@@ -42,11 +42,22 @@ def console_errors(console: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def runs(biorxiv_csv, tiny_actg_run, tiny_dpfair_run):
-    """A tiny ACTG run and a tiny DPFairLLM run, the session's (tests/tiny_actg_run.py: configs/actg_tiny.yaml,
-    asserted on by tests/test_actg_pipeline.py; tests/tiny_dpfair_run.py, asserted on by
-    tests/test_tabular_ledger.py). Tests copy them before changing anything."""
-    return {"actg": tiny_actg_run.run, "dpfair": tiny_dpfair_run[0]}
+def runs(tmp_path_factory, biorxiv_csv, adult_dir, tiny_actg_run):
+    """A tiny ACTG run (the session's, tests/tiny_actg_run.py: configs/actg_tiny.yaml, also asserted on by
+    tests/test_actg_pipeline.py) and a tiny DPFairLLM run (configs/dpfair_tiny_test.yaml). Tests copy them
+    before changing anything."""
+    import yaml
+
+    from dpsynth_core.tabular.config import load_dpfair_config
+    from dpsynth_core.tabular.pipeline import run_dpfair
+
+    repo = Path(__file__).resolve().parent.parent
+    base = tmp_path_factory.mktemp("report_runs")
+    table = yaml.safe_load((repo / "configs" / "dpfair_tiny_test.yaml").read_text())
+    table.update(output_dir=str(base), schema_path=str(repo / table["schema_path"]))
+    (base / "dpfair.yaml").write_text(yaml.safe_dump(table))
+    dpfair = run_dpfair(load_dpfair_config(base / "dpfair.yaml"))
+    return {"actg": tiny_actg_run.run, "dpfair": Path(dpfair)}
 
 
 def _copy(run: Path, dest: Path) -> Path:
