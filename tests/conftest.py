@@ -45,17 +45,20 @@ SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 SERVE_FILES = {"test_serve_generation.py", "test_serve_limits.py", "test_serve_config.py", "test_pe_runs.py",
                "test_pe_openai_backend.py"}
+# the files that share the session's tiny ACTG run (``tiny_actg_run``): one worker builds it once
+TINY_RUN_FILES = {"test_actg_pipeline.py", "test_report.py"}
 
 
 # Minutes-long groups first (longest first, from a full run's durations), so no worker is left with
 # one of them at the end; order kept within a group. scripts/run_tests.sh keeps this order in xdist.
-SLOW_FIRST = ("test_sweep.py", "serve", "test_actg_pipeline.py", "test_tabular_ledger.py", "test_dpsgd_ray.py",
-              "test_fsdp_ray.py", "test_batch_generate.py", "test_quiet_output.py", "test_dpsgd_core.py",
+SLOW_FIRST = ("tiny_runs", "test_sweep.py", "serve", "test_vllm_ray_llm.py", "test_dpsgd_ray.py",
+              "test_tabular_ledger.py", "test_gpu_check.py", "test_batch_generate.py", "test_vllm_engine.py",
+              "test_fsdp_ray.py", "test_quiet_output.py", "test_dpsgd_privacy.py", "test_dpsgd_core.py",
               "test_cluster.py")
 
 
 def _group(name: str) -> str:
-    return "serve" if name in SERVE_FILES else name
+    return "serve" if name in SERVE_FILES else "tiny_runs" if name in TINY_RUN_FILES else name
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's hook, which turns the markers into "@group" node ids
@@ -80,6 +83,9 @@ def ray_session():
             log_to_driver=False,
             ignore_reinit_error=True,
             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}},
+            # Ray kills a worker idle for 1 s once there are more than num_cpus of them, and the next stage
+            # task pays a fresh process's imports and model loads again (~10 s each here); a few warm ones kept
+            _system_config={"num_workers_soft_limit": 4, "idle_worker_killing_time_threshold_ms": 120_000},
         )
     yield ray
     try:
@@ -89,6 +95,15 @@ def ray_session():
     except Exception:
         pass
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_actg_run(ray_session, tmp_path_factory):
+    """configs/actg_tiny.yaml on Ray, crashed after Best-of-N and resumed (tests/tiny_actg_run.py): built once for
+    tests/test_actg_pipeline.py and tests/test_report.py (one xdist group); users copy it before changing it."""
+    from tests.tiny_actg_run import crash_and_resume
+
+    return crash_and_resume(tmp_path_factory.mktemp("tiny_actg"))
 
 
 @pytest.fixture(scope="session")

@@ -6,18 +6,17 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from dpsynth_core.actg.best_of_n import select_best
 from dpsynth_core.actg.extractors import AttributeExtractor
 from dpsynth_core.actg.generator import build_train_examples, format_prompt, load_prompt_template
-from dpsynth_core.actg.pipeline import ActgConfig, StageInterrupted, load_actg_config
+from dpsynth_core.actg.pipeline import ActgConfig, load_actg_config
 from dpsynth_core.actg.schema import builtin_schema, schema_from_dict
 from dpsynth_core.data.sample_sizes import MAUVE_MIN_TEXTS
 from dpsynth_core.errors import ConfigError, DataError
+from tests.tiny_actg_run import ledger_stages
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = REPO / "configs" / "actg_tiny.yaml"
 
 MINI = schema_from_dict({"name": "mini", "fields": [
     {"name": "topic", "description": "Topic", "options": ["Neuroscience", "Ecology"]},
@@ -77,47 +76,30 @@ def test_config_errors_name_the_field(tmp_path):
     assert (actg.epsilon_features, actg.epsilon_generator) == (2.0, 2.0)
 
 
-def _tiny_config(tmp_path: Path, **update) -> Path:
-    raw = yaml.safe_load(TINY.read_text())
-    raw["run_dir"] = str(tmp_path / "run")
-    raw.update(update)
-    path = tmp_path / f"tiny_{len(update)}.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
-
-
-def _ledger_stages(run: Path) -> list[tuple[str, str]]:
-    from dpsynth_core.privacy import PrivacyLedger
-
-    return [(e.stage, e.kind) for e in PrivacyLedger.open(run).entries()]
-
-
-def test_pipeline_end_to_end_on_ray_with_resume(ray_session, tmp_path):
-    from ray_jobs.actg import main
-
+def test_pipeline_end_to_end_on_ray_with_resume(tiny_actg_run):
+    # the run (tests/tiny_actg_run.py, shared with tests/test_report.py):
     # 1) "crash" once best_of_n has completed
-    with pytest.raises(StageInterrupted):
-        main(_tiny_config(tmp_path, stop_after_stage="best_of_n"))
-    run = tmp_path / "run"
+    assert tiny_actg_run.interrupted
+    run = tiny_actg_run.run
     stages = run / "stages"
-    done_before = {p.name: p.read_text() for p in stages.glob("*.done")}
+    done_before = dict(tiny_actg_run.done_after_crash)
     assert set(done_before) == {f"{s}.done" for s in ["schema", "reward_model", "private", "features", "dp_generator",
                                                       "generate", "best_of_n"]}
-    assert not (run / "synthetic.jsonl").exists()
-    charged = [s for s in _ledger_stages(run) if s[1] != "post_processing"]
+    assert not tiny_actg_run.synthetic_after_crash
+    charged = tiny_actg_run.charged_after_crash
     assert charged == [("features", "zcdp"), ("dp_generator", "dpsgd")]
     # 2) simulate a crash between the DP-SGD ledger record and its markers: the charged stage must
     #    be closed from its outputs, not trained (and charged) again
-    for name in ("private", "dp_generator"):
-        (stages / f"{name}.done").unlink()
+    assert tiny_actg_run.removed_markers == ("private", "dp_generator")
+    for name in tiny_actg_run.removed_markers:
         done_before.pop(f"{name}.done")
     # 3) resume: completed stages are not re-run, nothing is charged twice
-    run_dir = main(_tiny_config(tmp_path))
+    run_dir = tiny_actg_run.resumed_run_dir
     assert Path(run_dir) == run
     for name, text in done_before.items():
         assert (stages / name).read_text() == text, f"{name} was re-run"
     assert json.loads((stages / "dp_generator.done").read_text())["closed_from_outputs"] is True
-    entries = _ledger_stages(run)
+    entries = ledger_stages(run)
     assert [s for s in entries if s[1] != "post_processing"] == charged
     assert sorted(s for s, k in entries if k == "post_processing") == sorted(
         ["generate", "best_of_n", "anchored_rl", "synthesize"])

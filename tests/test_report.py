@@ -42,16 +42,16 @@ def console_errors(console: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, biorxiv_csv, adult_dir):
-    """A tiny ACTG run, a tiny DPFairLLM run and a tiny AIM run on its table (configs/actg_tiny.yaml,
-    configs/dpfair_tiny_test.yaml, configs/aim_tiny_test.yaml); the table runs in a second process while the text
-    run runs here (they fit the test budget on two cores)."""
+def runs(tmp_path_factory, biorxiv_csv, adult_dir, request):
+    """A tiny ACTG run (the session's, tests/tiny_actg_run.py: configs/actg_tiny.yaml, also asserted on by
+    tests/test_actg_pipeline.py), a tiny DPFairLLM run and a tiny AIM run on its table
+    (configs/dpfair_tiny_test.yaml, configs/aim_tiny_test.yaml). The table runs go in a second process, started
+    before the session's ACTG run is asked for, so the two overlap on two cores. Tests copy a run before changing
+    anything."""
     import subprocess
     import sys
 
     import yaml
-
-    from dpsynth_core.actg.pipeline import ActgConfig, run_pipeline
 
     repo = Path(__file__).resolve().parent.parent
     base = tmp_path_factory.mktemp("report_runs")
@@ -59,7 +59,7 @@ def runs(tmp_path_factory, biorxiv_csv, adult_dir):
     table.update(output_dir=str(base), schema_path=str(repo / table["schema_path"]))
     (base / "dpfair.yaml").write_text(yaml.safe_dump(table))
     # a tiny AIM run on the same table (configs/aim_tiny_test.yaml with its columns), the --baseline of the fairness
-    # test: after the table run, in the same second process, while the text run still runs here
+    # test: after the table run, in the same second process
     aim = yaml.safe_load((repo / "configs" / "aim_tiny_test.yaml").read_text())
     aim.update(output_dir=str(base), schema_path=str(repo / aim["schema_path"]), columns=table["columns"],
                evaluate_privacy=False)
@@ -71,9 +71,7 @@ def runs(tmp_path_factory, biorxiv_csv, adult_dir):
                                "print('run:aim', run_aim(load_aim_config(sys.argv[2])))", str(base / "dpfair.yaml"),
                                str(base / "aim.yaml")],
                               cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    raw = yaml.safe_load((repo / "configs" / "actg_tiny.yaml").read_text())
-    raw.update(run_dir=str(base / "actg"), schema_path=str(repo / raw["schema_path"]))
-    actg = run_pipeline(ActgConfig.model_validate(raw), resume=True)
+    actg = request.getfixturevalue("tiny_actg_run").run
     out, err = dpfair.communicate(timeout=600)
     assert dpfair.returncode == 0, err[-3000:]
     tables = dict(line.split(" ", 1) for line in out.splitlines() if line.startswith("run:"))  # AIM prints too
