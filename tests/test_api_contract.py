@@ -20,7 +20,7 @@ CONFIG_FOLDERS = ("configs", "tests/configs", "experiments/configs")  # users', 
 
 
 def _config_class(path: Path):
-    from dpsynth.cli.audit import AuditJobConfig
+    from dpsynth.cli.audit import AuditJobConfig, ReleaseAuditJobConfig
     from dpsynth_core.actg.config import ActgConfig
     from dpsynth_core.dpsgd.train_job import TrainJobConfig
     from dpsynth_core.engines.config import EngineConfig
@@ -32,8 +32,8 @@ def _config_class(path: Path):
 
     by_prefix = {"actg": ActgConfig, "wasp": PEConfig, "augpe": PEConfig, "dpfair": DpFairConfig, "aim": AimConfig,
                  "train": TrainJobConfig, "audit": AuditJobConfig, "engine": EngineConfig, "serve": ServeConfig,
-                 "sweep": SweepConfig, "batch": BatchGenerateConfig}
-    return by_prefix[path.stem.split("_")[0]]
+                 "sweep": SweepConfig, "batch": BatchGenerateConfig, "audit_release": ReleaseAuditJobConfig}
+    return by_prefix.get("_".join(path.stem.split("_")[:2])) or by_prefix[path.stem.split("_")[0]]
 
 
 def test_every_bundled_config_loads_through_its_class(capsys):
@@ -44,7 +44,7 @@ def test_every_bundled_config_loads_through_its_class(capsys):
         load_config(path, _config_class(path))
     # issue 41 cut configs/ to one file per method and scale: fewer files, and every config class still has one
     assert len(paths) >= 30
-    assert len({_config_class(p) for p in (REPO / "configs").glob("*.yaml")}) == 10  # the ten config classes
+    assert len({_config_class(p) for p in (REPO / "configs").glob("*.yaml")}) == 11  # the config classes (issue 39 added the release audit's)
     assert "is now" not in capsys.readouterr().err  # no bundled config uses an old key
 
 

@@ -30,6 +30,17 @@ class AuditJobConfig(StrictConfig):
     output_dir: str = "runs/audit"
 
 
+VERDICTS = {"failed": "FAILED: the claim is refuted", "passed": "passed: the claim is not refuted",
+            "inconclusive": "INCONCLUSIVE: this audit could not have failed"}
+
+
+def false_alarm_line(result, what: str) -> str:
+    """What the verdict's error rate is, and how to make an inconclusive audit able to fail."""
+    return (f"false alarms: {what} that meets its claim is reported failed with probability at most "
+            f"{1 - result.confidence:.0%}" + ("" if result.status != "inconclusive" else
+                                             "; raise --canaries so the largest reachable bound exceeds the claim"))
+
+
 @app.callback()
 def _group() -> None:
     """Empirical privacy audits (owner-side)."""  # keeps `audit` a group of subcommands
@@ -61,17 +72,14 @@ def dpsgd(
     except ConfigError as exc:
         raise ConfigError(f"{config}: {exc}") from None
     summary, plot = write_audit_report(result, out or Path(job.output_dir))
-    verdict = {"failed": "FAILED: the claim is refuted", "passed": "passed: the claim is not refuted",
-               "inconclusive": "INCONCLUSIVE: this audit could not have failed"}[result.status]
+    verdict = VERDICTS[result.status]
     typer.echo(
         f"epsilon lower bound {result.epsilon_lower_bound:.3f} ({result.confidence:.0%}) vs claimed "
         f"{result.claimed_epsilon:g} at delta {result.delta:.3g}: {verdict}; m={result.canaries}, "
         f"{result.correct}/{result.guesses} guesses right (all right would refute up to "
         f"{result.largest_reachable_bound:.3f}), sigma={result.noise_multiplier:.4g}, {result.wall_seconds:.0f} s"
     )
-    typer.echo(f"false alarms: a mechanism that meets its claim is reported failed with probability at most "
-               f"{1 - result.confidence:.0%}" + ("" if result.status != "inconclusive" else
-                                                 "; raise --canaries so the largest reachable bound exceeds the claim"))
+    typer.echo(false_alarm_line(result, "a mechanism"))
     if not result.private:
         typer.secho("NOT PRIVATE: noise was switched off (test-only mode)", fg="yellow")
     typer.echo(f"report: {summary}\nplot:   {plot}")
@@ -138,17 +146,14 @@ def release(
     audited = target.audited_run_dir()
     if audited is not None:  # a run of this same config: its report (`dpsynth report`) shows the bound
         typer.echo(f"also in the run of this config: {write_release_audit(result, audited / 'audit' / 'release_audit.json')}")
-    verdict = {"failed": "FAILED: the claim is refuted", "passed": "passed: the claim is not refuted",
-               "inconclusive": "INCONCLUSIVE: this audit could not have failed"}[result.status]
+    verdict = VERDICTS[result.status]
     typer.echo(
         f"{result.method} release: epsilon lower bound {result.epsilon_lower_bound:.3f} ({result.confidence:.0%}) vs "
         f"claimed {result.claimed_epsilon:g} at delta {result.delta:.3g}: {verdict}; m={result.canaries}, "
         f"{result.reached} included canaries reached the mechanism (whole-file working set), "
         f"{result.correct}/{result.guesses} guesses right (all right would refute up to "
         f"{result.largest_reachable_bound:.3f}), {result.wall_seconds:.0f} s")
-    typer.echo(f"false alarms: a pipeline that meets its claim is reported failed with probability at most "
-               f"{1 - result.confidence:.0%}" + ("" if result.status != "inconclusive" else
-                                                 "; raise --canaries so the largest reachable bound exceeds the claim"))
+    typer.echo(false_alarm_line(result, "a pipeline"))
     if not result.ledger_private:
         typer.secho(f"NOT PRIVATE: test-only mode '{result.mode}'", fg="yellow")
     typer.echo(f"report: {summary} (the audit run's outputs are deleted; nothing of it is released)")
