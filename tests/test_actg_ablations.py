@@ -100,7 +100,7 @@ def test_noiseless_training_really_has_no_noise_or_clipping(data):
     the DP engine's noise (or clipping) it would not."""
     import torch
 
-    from dpsynth_core.actg.reference import no_clipping
+    from dpsynth_core.dpsgd.noiseless import no_clipping
     from dpsynth_core.dpsgd import DpSgdConfig, TrainExample
     from dpsynth_core.dpsgd.engine import DpSgdEngine
 

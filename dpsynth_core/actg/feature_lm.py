@@ -96,7 +96,7 @@ def synthesize_features_lm(real: pd.DataFrame, schema, cfg, rd, ledger, public_s
     adapter = out_dir / "adapter"
     if not (adapter / "adapter_config.json").is_file():  # resumed after training: sample again, never re-charge
         if cfg.is_reference:
-            from dpsynth_core.actg.reference import train_noiseless_lora
+            from dpsynth_core.dpsgd.noiseless import train_noiseless_lora
 
             train_noiseless_lora(examples, dp, output_dir=out_dir, ledger=ledger, stage="features")
         else:

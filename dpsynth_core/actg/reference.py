@@ -24,11 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-# the generator's noiseless training lives with DP-SGD (DPFairLLM's reference runs use it too)
-from dpsynth_core.dpsgd.noiseless import NO_NOISE_GENERATOR, no_clipping, train_noiseless_lora
-
-__all__ = ["NO_NOISE_FEATURES", "NO_NOISE_GENERATOR", "no_clipping", "noiseless_features", "record_direct_prompting",
-           "train_noiseless_lora"]
+__all__ = ["NO_NOISE_FEATURES", "noiseless_features", "record_direct_prompting"]
 
 NO_NOISE_FEATURES = "features: real attribute rows resampled, no AIM noise (epsilon = inf reference run)"
 

@@ -112,7 +112,7 @@ def _run_dp_generator(cfg: ActgConfig, rd: RunDir, schema, texts: list[str], att
     # q and delta from the public expected size: the drawn set's size must not reach the ledger
     dp = cfg.dpsgd_config(cfg.epsilon_generator).model_copy(update={"public_num_units": public_size})
     if cfg.is_reference:
-        from dpsynth_core.actg.reference import train_noiseless_lora
+        from dpsynth_core.dpsgd.noiseless import train_noiseless_lora
 
         result = train_noiseless_lora(examples, dp, output_dir=rd.generator, ledger=ledger, stage="dp_generator")
     else:
