@@ -9,7 +9,9 @@ audit's file, with the whole file as the working set and an own run directory an
 test-only modes change the stages, never the config: ``dp_off`` runs the method's DP mechanism with
 its noise switched off, ``broken_release`` adds a stage that copies 10 % of the private working set
 into the released output. Both mark the audit run's ledger "not private" before any private read.
-The owner-side report stages (``after_release``) are left out: they release nothing.
+The owner-side report stages (``after_release``) are left out: they release nothing. ACTG, DPFairLLM and
+the PE methods take their own epsilon = inf reference run (``not_private: true``) as ``dp_off``: every DP
+mechanism of the pipeline without noise or clipping, the ledger marked by the run loop.
 """
 
 from __future__ import annotations
@@ -269,24 +271,148 @@ class PETarget(ReleaseTarget):
 
 
 def _copy_private_texts(cfg, root: str) -> dict:
-    """The broken release of a text method: 10 % of the private texts appended to synthetic.jsonl (test-only)."""
+    """The broken release of a PE method: 10 % of the private texts appended to synthetic.jsonl (test-only)."""
     from dpsynth_core.pe.data_split import split_data
+
+    private = split_data(cfg)[0]
+    return _append_copies(root, private.texts,
+                          lambda i: {"label": private.labels[i], "plm": "copied", "iteration": -1})
+
+
+def _copy_actg_texts(cfg, root: str) -> dict:
+    """ACTG's broken release: 10 % of the private working set's texts appended to synthetic.jsonl (test-only)."""
+    from dpsynth_core.actg.data_split import load_private_split
+
+    texts = load_private_split(cfg).private[cfg.data.text_col].astype(str).tolist()
+    return _append_copies(root, texts, lambda i: {"pool": "copied"})
+
+
+def _append_copies(root: str, texts: list[str], fields) -> dict:
     from dpsynth_core.privacy.randomness import secure_rng
     from dpsynth_core.runs.files import atomic_write_text
 
     _mark_test_only(root, "broken_release", "broken_release", "10 % of the private texts copied into the release")
-    private = split_data(cfg)[0]
     rng = secure_rng()
-    picked = rng.choice(len(private.texts), size=int(round(LEAK_FRACTION * len(private.texts))), replace=False)
+    picked = rng.choice(len(texts), size=int(round(LEAK_FRACTION * len(texts))), replace=False)
     path = Path(root) / "synthetic.jsonl"
     rows = path.read_text(encoding="utf-8").splitlines()
-    rows += [json.dumps({"text": private.texts[i], "label": private.labels[i], "plm": "copied", "iteration": -1})
-             for i in picked]
+    rows += [json.dumps({"text": texts[i], **fields(i)}) for i in picked]
     atomic_write_text(path, "\n".join(rows[i] for i in rng.permutation(len(rows))) + "\n")
     return {"rows": len(rows)}
 
 
-TARGETS: dict[str, type[ReleaseTarget]] = {"aim": AimTarget, "wasp": PETarget, "augpe": PETarget}
+class ActgTarget(ReleaseTarget):
+    """ACTG-ARL (``dpsynth run actg``): its stage list on the audit's file of texts; ``dp_off`` is the config's
+    own epsilon = inf reference run (features resampled without AIM noise, LoRA without noise or clipping).
+
+    ACTG holds out ``data.n_eval`` evaluation rows by a public content key before the working set is drawn.
+    The audit file keeps the config's held-out rows, which have the smallest keys, and a canary whose key
+    would fall among them is redrawn, so the holdout takes exactly those rows and every included canary
+    reaches the mechanism."""
+
+    method = "actg"
+
+    def __init__(self, config) -> None:
+        reward = config.reward or config.extractor
+        if config.mode != "actg" or config.extractor.kind == "columns" or reward.kind == "columns":
+            raise ConfigError("release audits of ACTG cover mode: actg with a text extractor (a canary text has "
+                              "no attribute columns): set extractor.kind to embedding or supervised")
+        self.config = config
+        self._held_out: list[str] | None = None
+        self._held_key_max: int | None = None
+
+    @property
+    def claimed_epsilon(self) -> float:
+        return float(self.config.privacy.epsilon)
+
+    def design(self, settings: ReleaseAuditSettings) -> TextCanaries:
+        return TextCanaries(settings.canary_words, keep=self._outside_holdout)
+
+    def _outside_holdout(self, text: str) -> bool:
+        from dpsynth_core.privacy.randomness import content_rank_keys
+
+        if self._held_key_max is None:
+            raise RuntimeError("ActgTarget.private_records() sets the holdout before canaries are drawn")
+        return int(content_rank_keys([text], self.config.data.seed)[0]) > self._held_key_max
+
+    def private_records(self) -> list[str]:
+        """One draw of the config's working set (its public rate, from OS entropy); its held-out rows kept aside."""
+        from dpsynth_core.actg.data_split import load_private_split
+        from dpsynth_core.privacy.randomness import content_rank_keys
+
+        split, col = load_private_split(self.config), self.config.data.text_col
+        self._held_out = split.held_out[col].astype(str).tolist()
+        self._held_key_max = int(content_rank_keys(self._held_out, self.config.data.seed).max())
+        return split.private[col].astype(str).tolist()
+
+    def audit_method(self, data_file: Path, public_size: int, root: Path, mode: str) -> Method:
+        """The config's stages for one audit run on ``data_file`` (``mode`` applied; nothing run)."""
+        from dpsynth_core.actg.pipeline import ActgMethod
+
+        raw = self.config.model_dump(mode="json", by_alias=True)
+        raw.update(name="run", output_dir=str(root / "run"), stop_after_stage=None)
+        raw["data"] = {**raw["data"], "path": str(data_file), "text_col": "text", "label_col": None,
+                       "n_records": public_size, "sample_fraction": 1.0}
+        if mode == "dp_off":  # the method's own noiseless reference run: ledger marked not private
+            raw.update(privacy={**raw["privacy"], "epsilon": float("inf")}, not_private=True)
+        cfg = type(self.config).model_validate(raw)
+        return _AuditMethod(ActgMethod(cfg), "broken_release" if mode == "broken_release" else "dp", "private",
+                            None, _copy_actg_texts)
+
+    def write_audit_file(self, records: list[str], root: Path) -> Path:
+        """The audit run's private file: records, included canaries and the config's held-out rows (mode 0600)."""
+        from dpsynth_core.privacy.randomness import content_keyed_holdout
+
+        texts = list(records) + list(self._held_out or ())
+        held = {texts[i] for i in content_keyed_holdout(texts, self.config.data.n_eval, self.config.data.seed)}
+        if held != set(self._held_out or ()):  # the canaries' keep test makes this impossible; never dilute silently
+            raise RuntimeError("the audit file's holdout would take records or canaries out of the working set")
+        data_file = _owner_only_file(root, ".csv")
+        _write_private(data_file, lambda h: pd.DataFrame({"text": texts}).to_csv(h, index=False))
+        return data_file
+
+    def run(self, records: list[str], public_size: int, root: Path, mode: str) -> AuditRunOutcome:
+        from dpsynth_core.run_loop import run_method
+
+        data_file = self.write_audit_file(records, root)
+        return _outcome(run_method(self.audit_method(data_file, public_size, root, mode), resume=False))
+
+    def released_records(self, release_dir: Path) -> list[str]:
+        lines = (Path(release_dir) / "synthetic.jsonl").read_text(encoding="utf-8").splitlines()
+        return [json.loads(line)["text"] for line in lines if line.strip()]
+
+    def audited_run_dir(self) -> Path | None:
+        return _same_config_run(self.config.resolved_run_dir(), self.config)
+
+
+class DpFairTarget(AimTarget):
+    """DPFairLLM (``dpsynth run dpfair``): a table, audited as AIM's (same canary rows and scores); ``dp_off``
+    is the config's own epsilon = inf reference run (every DP table exact, DP-SGD without noise or clipping)."""
+
+    method = "dpfair"
+
+    def audit_method(self, data_file: Path, public_size: int, root: Path, mode: str) -> Method:
+        """The config's stages for one audit run on ``data_file`` (``mode`` applied; nothing run)."""
+        from dpsynth_core.tabular.pipeline import DpFairMethod
+
+        cfg = self._audit_config(data_file, public_size, root)
+        if mode == "dp_off":
+            raw = cfg.model_dump(mode="json", by_alias=True)
+            raw.update(privacy={**raw["privacy"], "epsilon": float("inf")}, not_private=True)
+            cfg = type(cfg).model_validate(raw)
+        return _AuditMethod(DpFairMethod(cfg), "broken_release" if mode == "broken_release" else "dp", "model",
+                            None, _copy_private_rows)
+
+    def run(self, records: pd.DataFrame, public_size: int, root: Path, mode: str) -> AuditRunOutcome:
+        from dpsynth_core.run_loop import run_method
+
+        data_file = _owner_only_file(root, ".csv")
+        _write_private(data_file, lambda h: records.to_csv(h, index=False))
+        return _outcome(run_method(self.audit_method(data_file, public_size, root, mode), resume=False))
+
+
+TARGETS: dict[str, type[ReleaseTarget]] = {"aim": AimTarget, "wasp": PETarget, "augpe": PETarget, "actg": ActgTarget,
+                                           "dpfair": DpFairTarget}
 
 
 def release_target(method: str, config: Any) -> ReleaseTarget:

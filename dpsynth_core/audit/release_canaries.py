@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,9 +136,12 @@ class TextCanaries(CanaryDesign):
     kind = "text"
     PREFIX = "the access code is"
 
-    def __init__(self, words: int = 6, labels: tuple[str, ...] = ()) -> None:
+    def __init__(self, words: int = 6, labels: tuple[str, ...] = (), keep: Callable[[str], bool] | None = None) -> None:
         self.words = words
         self.labels = labels  # labelled records (WASP / Aug-PE): each canary gets a class drawn uniformly
+        # a public test a canary must pass to reach the mechanism when included (ACTG sets aside held-out
+        # evaluation rows by a content key): a canary that fails it is redrawn, so none is diluted
+        self.keep = keep
 
     @staticmethod
     def _pseudo_word(rng: np.random.Generator) -> str:
@@ -150,7 +154,7 @@ class TextCanaries(CanaryDesign):
         texts: list[str] = []
         while len(texts) < count:  # 14^3 * 5^3 choices per word: repeats are astronomically rare
             text = f"{self.PREFIX} " + " ".join(self._pseudo_word(rng) for _ in range(self.words)) + "."
-            if text not in taken:
+            if text not in taken and (self.keep is None or self.keep(text)):
                 taken.add(text)
                 texts.append(text)
         return texts
