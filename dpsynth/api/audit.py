@@ -6,8 +6,8 @@
 
 A target runs the config's own stages (``runs.contract``) through the one loop (``run_loop``) on the
 audit's file, with the whole file as the working set and an own run directory and ledger. The two
-test-only modes change the stages, never the config: ``dp_off`` runs the method's DP mechanism with
-its noise switched off, ``broken_release`` adds a stage that copies 10 % of the private working set
+test-only modes change the audit run, never the user's config file: ``dp_off`` runs the method's DP
+mechanisms with their noise switched off, ``broken_release`` adds a stage that copies 10 % of the private working set
 into the released output. Both mark the audit run's ledger "not private" before any private read.
 The owner-side report stages (``after_release``) are left out: they release nothing. ACTG, DPFairLLM and
 the PE methods take their own epsilon = inf reference run (``not_private: true``) as ``dp_off``: every DP
