@@ -3,7 +3,8 @@
     result = run_method(Aim(cfg))                      # every stage in this process
     result = run_method(Actg(cfg), runner=ray_runner)  # a driver chooses where each stage runs
 
-In order: the method's pre-flight (config and whole private file; nothing written) -> the run's lock
+In order: a run this config left where an older release put it is refused (``run_loop.former``) -> the
+method's pre-flight (config and whole private file; nothing written) -> the run's lock
 (one process per run) -> the rerun rule (``runs.open_run_dir``: a finished run does nothing, another
 config is refused naming the changed keys, ``resume=False`` moves the old run aside) -> the ledger
 (``run_loop.ledger``: budget, delta rule, reference runs) -> each stage not yet done, through the
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpsynth_core.privacy import PrivacyLedger
+from dpsynth_core.run_loop.former import refuse_former_run
 from dpsynth_core.run_loop.ledger import open_run_ledger
 from dpsynth_core.run_loop.summary import summary_lines
 from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir, refuse_changed_config
@@ -62,6 +64,7 @@ def run_method(method: Method, *, resume: bool = True, runner: Runner = local_ru
     """Run every stage of ``method`` not yet done; see the module doc."""
     started = time.time()
     root, stages = Path(method.run_dir()), method.stages()
+    refuse_former_run(root, method.former_run_dir())  # an older release's run of this config: never spent again
     result = RunResult(root, Path(method.ledger_dir(root)), started)
     snapshot, ignore = method.identity()
     moved = getattr(type(method.config), "moved_keys", {})  # a run from before a key moved is named as such

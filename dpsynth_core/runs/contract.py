@@ -109,7 +109,12 @@ class Method(ABC):
 
     @abstractmethod
     def run_dir(self) -> Path:
-        """Where the run lives (resolved from the config's name and output_dir)."""
+        """Where the run lives: the config's ``output_dir`` (``name`` only labels the run)."""
+
+    def former_run_dir(self) -> Path | None:
+        """Where an older release ran this config, if elsewhere: a run found there and none in ``run_dir``
+        is refused, naming the key that continues it (``run_loop.former``)."""
+        return None
 
     @abstractmethod
     def privacy_plan(self) -> PrivacyPlan:
