@@ -18,6 +18,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from dpsynth_core.privacy.composition import compose_with_details
 from dpsynth_core.runs.contract import Stage
 from dpsynth_core.runs.files import atomic_write_text
 
@@ -26,17 +27,40 @@ def _handover(run_dir: Path, stage: str) -> Path:
     return Path(run_dir) / "stages" / f"{stage}.reserved"
 
 
+class PlanningView:
+    """The ledger as a later stage will find it, for its plan: what is recorded plus what the loop reserved so far
+    (a stage that spends "what the ledger leaves", AIM, or fills the budget, DP-SGD, plans against this)."""
+
+    def __init__(self, ledger) -> None:
+        self.ledger, self.planned = ledger, []
+
+    def __getattr__(self, name):  # delta, epsilon_budget, check (which counts the loop's reservations) ...
+        return getattr(self.ledger, name)
+
+    def projected_epsilon(self, event) -> float:
+        return compose_with_details([*self.ledger.events(), *self.planned, event], self.ledger.delta)[0]
+
+    def total_epsilon(self) -> float:
+        events = [*self.ledger.events(), *self.planned]
+        return compose_with_details(events, self.ledger.delta)[0] if events else 0.0
+
+    def remaining_epsilon(self) -> float:
+        return max(0.0, self.ledger.epsilon_budget - self.total_epsilon())
+
+
 def reserve_planned(stages: Sequence[Stage], config, ledger, run_dir: Path) -> list[str]:
     """Hold every planned event of ``stages`` (those still to run); on a refusal give back what was held."""
     held: list[str] = []
+    view = PlanningView(ledger)
     try:
         for stage in stages:
             if stage.plan is None:
                 continue
             ids = {}
-            for ledger_stage, event in stage.plan(config, ledger):
+            for ledger_stage, event in stage.plan(config, view):
                 ids[ledger_stage] = ledger.hold(ledger_stage, event).id
                 held.append(ledger_stage)
+                view.planned.append(event)
             atomic_write_text(_handover(run_dir, stage.name), json.dumps(ids))
     except BaseException:
         release_reservations(ledger, held, run_dir, stages)
