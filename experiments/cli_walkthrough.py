@@ -84,7 +84,7 @@ def setup(work: Path) -> dict[str, Path]:
     big["best_of_n"] = {"n": 100000}
     paths["actg_big"] = write_yaml(work / "actg_big.yaml", big)
     aim = cfg("aim_tiny_test.yaml")
-    aim["output_dir"] = str(work / "runs" / "aim")
+    aim["output_dir"] = str(work / "runs" / "aim" / "aim_tiny")
     paths["aim"] = write_yaml(work / "aim.yaml", aim)
     paths["aim_eps1"] = write_yaml(work / "aim_eps1.yaml", {**aim, "privacy": {**aim["privacy"], "epsilon": 1.0}})
     train = cfg("train_tiny.yaml")
@@ -150,7 +150,7 @@ def lock_case(work: Path, p: dict[str, Path]) -> tuple[str, int, str, str, bool]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     first = subprocess.Popen([DPSYNTH, "run", "aim", "--config", str(path)], cwd=work, env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300  # the run dir is output_dir/name: wait for its lock file
+    deadline = time.monotonic() + 300  # the run dir is output_dir: wait for its lock file
     while (not list((work / "runs" / "aim_lock").glob("**/.lock")) and first.poll() is None
            and time.monotonic() < deadline):
         time.sleep(0.2)

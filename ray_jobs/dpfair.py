@@ -1,6 +1,6 @@
 """DPFairLLM driver: the stages of ``dpsynth_core.tabular.pipeline``, the heavy one as a Ray task.
 
-    dpsynth run dpfair --config configs/dpfair_demo.yaml          # resumes output_dir/name if present
+    dpsynth run dpfair --config configs/dpfair_demo.yaml          # resumes output_dir if it holds this run
     dpsynth run dpfair --config configs/dpfair_demo.yaml --fresh  # old run directory moved aside
 
 Joins the cluster of ``RAY_ADDRESS`` (or a submitted job's) or embeds a local Ray

@@ -187,13 +187,13 @@ def _configs(tmp_path: Path) -> dict[str, tuple[str, Path]]:
     actg = load("actg_tiny.yaml") | {"output_dir": str(tmp_path / "actg"), "mode": "vanilla",
                                      "evaluation": {"mauve": False, "classifier": False, "judge": "none"}}
     actg["generator"] = actg["generator"] | {"steps": 1}
-    aim = load("aim_tiny_test.yaml") | {"output_dir": str(tmp_path / "runs"), "columns": ["sex", "income"],
+    aim = load("aim_tiny_test.yaml") | {"output_dir": str(tmp_path / "runs" / "aim_tiny"), "columns": ["sex", "income"],
                                         "num_rows": 12, "evaluate_privacy": False}
     augpe = load("augpe_tiny.yaml") | {"output_dir": str(tmp_path / "augpe"), "iterations": 1, "num_synthetic": 6,
                                        "baselines": False}
     wasp = load("wasp_tiny.yaml") | {"output_dir": str(tmp_path / "wasp"), "iterations": 1, "baselines": False}
     wasp["plms"] = [plm | {"backend": "hf"} for plm in wasp["plms"]]  # in this process: no Ray
-    dpfair = load("dpfair_tiny_test.yaml") | {"output_dir": str(tmp_path / "runs"), "evaluate_privacy": False,
+    dpfair = load("dpfair_tiny_test.yaml") | {"output_dir": str(tmp_path / "runs" / "dpfair_tiny"), "evaluate_privacy": False,
                                               "evaluate_reference": False}
     dpfair["generation"] = dpfair["generation"] | {"num_rows": 8, "batch_size": 8}
     dpfair["training"] = dpfair["training"] | {"steps": 1}

@@ -217,7 +217,7 @@ def test_actg_submission_runs_dp_sgd_on_the_gpu_node_and_resumes(cluster, storag
 @full_only
 def test_dpfair_submission_writes_to_storage_and_resumes(cluster, storage, shared_data_dir):
     c, _ = cluster
-    cfg = _config(storage, "dpfair_tiny_test.yaml", "dpfair_tiny", output_dir=str(storage / "dpfair"))
+    cfg = _config(storage, "dpfair_tiny_test.yaml", "dpfair_tiny", output_dir=str(storage / "dpfair" / "dpfair_tiny"))
     first, _, _ = submit(c, shared_data_dir, "run", "dpfair", "--config", str(cfg))
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     run_dir = Path(first.stdout.split("run directory: ", 1)[1].split()[0])
@@ -293,7 +293,7 @@ def test_dpfair_to_s3_runs_its_model_stage_on_the_second_node_and_resumes_from_t
         try:
             c.start_head(num_cpus=1)
             c.add_node(num_cpus=1, num_gpus=1)
-            cfg = _config(tmp_path, "dpfair_tiny_test.yaml", "dpfair_s3", output_dir="s3://dpsynth-runs/dpfair",
+            cfg = _config(tmp_path, "dpfair_tiny_test.yaml", "dpfair_s3", output_dir="s3://dpsynth-runs/dpfair/dpfair_tiny",
                           use_ray=True, resources={"cpus": 1, "gpus": 1},
                           schema_path=str(REPO / "configs" / "schemas" / "adult.yaml"))  # read by the Ray task too
             first, _, _ = submit(c, shared_data_dir, "run", "dpfair", "--config", str(cfg))

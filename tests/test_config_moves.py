@@ -38,7 +38,7 @@ def test_a_run_made_before_a_key_moved_is_refused_naming_fresh_unless_it_finishe
     from dpsynth_core.tabular.config import AimConfig
 
     raw = yaml.safe_load((REPO / "configs" / "aim_tiny_test.yaml").read_text())
-    raw |= {"output_dir": str(tmp_path / "runs"), "schema_path": str(REPO / "configs" / "schemas" / "adult.yaml")}
+    raw |= {"output_dir": str(tmp_path / "runs" / raw["name"]), "schema_path": str(REPO / "configs" / "schemas" / "adult.yaml")}
     path = tmp_path / "aim.yaml"
     path.write_text(yaml.safe_dump(raw))
     old = load_config(path, AimConfig).model_dump(mode="json")

@@ -96,7 +96,7 @@ def test_train_delta_one_named_at_config_load(tmp_path):
 
 def test_dpfair_check_prints_the_plan_and_writes_nothing(tmp_path, monkeypatch, capsys):
     raw = yaml.safe_load((REPO / "configs" / "dpfair_tiny_test.yaml").read_text())
-    raw.update(output_dir=str(tmp_path / "out"), schema_path=str(REPO / "configs" / "schemas" / "adult.yaml"))
+    raw.update(output_dir=str(tmp_path / "out" / raw["name"]), schema_path=str(REPO / "configs" / "schemas" / "adult.yaml"))
     cfg = write_yaml(tmp_path / "dpfair.yaml", raw)
     code, out = dpsynth(monkeypatch, capsys, "run", "dpfair", "--config", str(cfg), "--check")
     assert code == 0, out

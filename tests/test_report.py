@@ -56,12 +56,12 @@ def runs(tmp_path_factory, biorxiv_csv, adult_dir, request):
     repo = Path(__file__).resolve().parent.parent
     base = tmp_path_factory.mktemp("report_runs")
     table = yaml.safe_load((repo / "configs" / "dpfair_tiny_test.yaml").read_text())
-    table.update(output_dir=str(base), schema_path=str(repo / table["schema_path"]))
+    table.update(output_dir=str(base / table["name"]), schema_path=str(repo / table["schema_path"]))
     (base / "dpfair.yaml").write_text(yaml.safe_dump(table))
     # a tiny AIM run on the same table (configs/aim_tiny_test.yaml with its columns), the --baseline of the fairness
     # test: after the table run, in the same second process
     aim = yaml.safe_load((repo / "configs" / "aim_tiny_test.yaml").read_text())
-    aim.update(output_dir=str(base), schema_path=str(repo / aim["schema_path"]), columns=table["columns"],
+    aim.update(output_dir=str(base / aim["name"]), schema_path=str(repo / aim["schema_path"]), columns=table["columns"],
                evaluate_privacy=False)
     (base / "aim.yaml").write_text(yaml.safe_dump(aim))
     dpfair = subprocess.Popen([sys.executable, "-c", "import sys; from dpsynth_core.tabular.config import "

@@ -17,7 +17,7 @@ ADULT_SCHEMA = Path(__file__).resolve().parent.parent / "configs" / "schemas" / 
 def test_aim_run_through_the_cli(tmp_path, adult_dir, monkeypatch, capsys):
     from dpsynth.cli.main import app
 
-    cfg = {"name": "aim_t", "output_dir": str(tmp_path / "runs"), "schema_path": str(ADULT_SCHEMA),
+    cfg = {"name": "aim_t", "output_dir": str(tmp_path / "runs" / "aim_t"), "schema_path": str(ADULT_SCHEMA),
            "columns": ["capital_loss", "sex", "income"], "data": {"source": "adult", "train_rows": 150, "test_rows": 150},
            "epsilon": 2.0, "bins": 4, "num_rows": 40, "evaluate_privacy": False}
     path = tmp_path / "aim.json"

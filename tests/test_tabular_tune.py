@@ -26,7 +26,7 @@ def test_dpfair_space_gives_valid_trial_configs(tmp_path, space_name):
     for pick in (0, -1):  # the ends of every range / choice
         params = {k: (v.categories[pick] if hasattr(v, "categories") else (v.lower if pick == 0 else v.upper)) for k, v in space.items()}
         trial = DpFairConfig.model_validate(trial_config(base, {}, params, tmp_path / "trial"))
-        assert trial.run_dir() == (tmp_path / "trial" / trial.name).resolve()
+        assert trial.run_dir() == (tmp_path / "trial").resolve()
         assert trial.fairness.lambda_dp == params["fairness.lambda_dp"] and trial.fairness.lambda_eo == params["fairness.lambda_eo"]
         assert trial.fairness.attributes == ["sex", "race"]  # the base config's two sensitive attributes survive
     check_sweep_allowed(TuningPrivacy(data="public"), "random", "fifo", "dpfair", "f1_gb")

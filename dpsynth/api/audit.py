@@ -154,7 +154,7 @@ class AimTarget(ReleaseTarget):
 
     def _audit_config(self, data_file: Path, public_size: int, root: Path):
         raw = self.config.model_dump(mode="json", by_alias=True)
-        raw.update(name="run", output_dir=str(root), evaluate_privacy=False)
+        raw.update(name="run", output_dir=str(root / "run"), evaluate_privacy=False)
         raw["data"] = {"source": str(data_file), "test_path": str(data_file), "n_records": public_size,
                        "sample_fraction": 1.0, "seed": self.config.data.seed}
         return type(self.config).model_validate(raw)

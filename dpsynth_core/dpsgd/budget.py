@@ -90,10 +90,14 @@ def plan_privacy(
 ) -> PrivacyPlan:
     """Validate the budget-related config, calibrate sigma, and ``ledger.check`` the event."""
     units = PrivacyUnits.from_user_ids([e.user_id for e in examples])
-    n = len(units)
+    return plan_for_units(config, len(units), units.user_level, ledger=ledger, stage=stage)
+
+
+def plan_for_units(config: DpSgdConfig, n: int, user_level: bool, *, ledger=None, stage: str = "dpsgd") -> PrivacyPlan:
+    """``plan_privacy`` from the number of privacy units alone (what the run loop plans with before the stage runs)."""
     if n == 0:
         raise ConfigError("no training examples: the training data is empty")
-    unit_name = "users" if units.user_level else "examples"
+    unit_name = "users" if user_level else "examples"
     n_public = public_size(config, n)
     if config.expected_batch_size > n_public:
         raise ConfigError(
@@ -114,7 +118,7 @@ def plan_privacy(
         delta=delta,
         steps=config.steps,
         n_units=n,
-        user_level=units.user_level,
+        user_level=user_level,
         target_epsilon=config.epsilon,
         accountant=config.accountant,
     )
@@ -122,6 +126,17 @@ def plan_privacy(
         plan = fit_to_ledger(plan, ledger, fill=config.fill_budget)
         ledger.check(stage, plan.event())  # raises BudgetExceededError before any data is read
     return plan
+
+
+def calibrated_to_reservation(plan: PrivacyPlan, reserved) -> PrivacyPlan:
+    """The stage's plan with the noise of the event the run loop reserved for it (``run_loop.reserve``); its
+    sampling rate and steps must be the reserved ones, else the stage would spend what was not reserved."""
+    import dataclasses
+
+    if (reserved.kind != "dpsgd" or reserved.steps != plan.steps
+            or not math.isclose(reserved.sampling_rate, plan.sampling_rate, rel_tol=1e-12)):
+        raise ConfigError(f"the DP-SGD stage plans {plan.event()}, not the reserved {reserved}: refusing to train")
+    return dataclasses.replace(plan, noise_multiplier=float(reserved.noise_multiplier))
 
 
 def fit_to_ledger(plan: PrivacyPlan, ledger, rel_tol: float = 1e-3, fill: bool = False) -> PrivacyPlan:

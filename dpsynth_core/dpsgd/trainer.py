@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from dpsynth_core.dpsgd.budget import PrivacyPlan, plan_privacy, public_size
+from dpsynth_core.dpsgd.budget import PrivacyPlan, calibrated_to_reservation, plan_privacy, public_size
 from dpsynth_core.dpsgd.checkpoint import (
     TrainState,
     check_resumable,
@@ -78,10 +78,14 @@ def mark_test_only_knobs(config: DpSgdConfig, ledger, stage: str) -> None:
 def prepare_stage(source: ExampleSource, config: DpSgdConfig, *, ledger, stage: str
                   ) -> tuple[list[TrainExample], PrivacyPlan, str]:
     """(examples, plan, checkpoint identity): load, plan and check the budget, reserve it in the
-    ledger (given back by ``train_dp_lora`` unless recorded), mark knobs."""
+    ledger (given back by ``train_dp_lora`` unless recorded), mark knobs. A reservation the ledger
+    already holds for ``stage`` (the run loop's, adopted) is used: the noise is the reserved event's."""
     examples = source.load()
     plan = plan_privacy(config, examples, ledger=ledger, stage=stage)
-    if ledger is not None:  # of two runs racing for one budget, the loser stops here, before training
+    reserved = ledger.held_event(stage) if ledger is not None else None
+    if reserved is not None:
+        plan = calibrated_to_reservation(plan, reserved)
+    elif ledger is not None:  # of two runs racing for one budget, the loser stops here, before training
         ledger.hold(stage, plan.event())
     mark_test_only_knobs(config, ledger, stage)
     return examples, plan, config_fingerprint(config, plan)

@@ -19,7 +19,7 @@ one ledger) reserves its event first, so the loser is refused before it reads pr
         ledger.record(stage, event)     # converts the reservation into the event
 
 (``hold``/``release`` are the same without a block, for a reservation made in one function and
-converted or given back in another.)
+converted or given back in another; ``adopt`` hands one to another process, e.g. the run loop's to its stage.)
 
 A reservation is checked and written in one ``BEGIN IMMEDIATE`` transaction and counts in every
 later check, reservation and record of other processes (see ``reservations.py`` for how the
@@ -360,6 +360,20 @@ class PrivacyLedger:
         self._held[stage] = held.id
         self._heartbeats[stage] = Heartbeat(self.path, held.id)
         return held
+
+    def adopt(self, stage: str, reservation_id: int) -> None:
+        """Take over the live reservation another ledger object made for ``stage`` (the run loop's, for its stage)."""
+        with closing(_connect(self.path)) as conn:
+            if not any(r.id == reservation_id and r.stage == stage for r in live_reservations(conn)):
+                raise ConfigError(f"stage {stage!r}: the run's budget reservation {reservation_id} is gone")
+        self._held[stage] = reservation_id
+
+    def held_event(self, stage: str):
+        """The event this object holds a reservation for under ``stage`` (None when it holds none)."""
+        if stage not in self._held:
+            return None
+        with closing(_connect(self.path)) as conn:
+            return next((r.event() for r in live_reservations(conn) if r.id == self._held.get(stage)), None)
 
     def release(self, stage: str) -> None:
         """Give back ``stage``'s reservation if ``record`` has not converted it (no-op otherwise)."""

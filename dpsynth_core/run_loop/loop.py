@@ -3,7 +3,8 @@
     result = run_method(Aim(cfg))                      # every stage in this process
     result = run_method(Actg(cfg), runner=ray_runner)  # a driver chooses where each stage runs
 
-In order: the method's pre-flight (config and whole private file; nothing written) -> the run's lock
+In order: a run this config left where an older release put it is refused (``run_loop.former``) -> the
+method's pre-flight (config and whole private file; nothing written) -> the run's lock
 (one process per run) -> the rerun rule (``runs.open_run_dir``: a finished run does nothing, another
 config is refused naming the changed keys, ``resume=False`` moves the old run aside) -> the ledger
 (``run_loop.ledger``: budget, delta rule, reference runs) -> each stage not yet done, through the
@@ -12,8 +13,9 @@ seconds and ``ran_on`` -> ``release/`` (before the
 first owner-side report stage, else before the last stage's marker: every finished run has its release)
 -> the report hooks -> the summary lines.
 
-Budget reservation stays with the mechanism that knows its event before it runs (DP-SGD reserves its
-planned event in the ledger before it trains, ``dpsgd.budget``); every stage's record checks the budget.
+Budget reservation is the loop's: the events of every stage with a ``plan`` are reserved in the ledger
+before the first stage runs, and a plan over the budget is refused then (``run_loop.reserve``); a stage
+without one reserves (DP-SGD) or records on its own, and every record checks the budget.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpsynth_core.privacy import PrivacyLedger
+from dpsynth_core.run_loop.former import refuse_former_run
 from dpsynth_core.run_loop.ledger import open_run_ledger
+from dpsynth_core.run_loop.reserve import release_reservations, reserve_planned
 from dpsynth_core.run_loop.summary import summary_lines
 from dpsynth_core.runs import StageMarkers, announce_finished, open_run_dir, refuse_changed_config
 from dpsynth_core.runs.contract import Method, Runner, Stage, StageInterrupted, UndeclaredPrivacyEvent, local_runner
@@ -62,6 +66,7 @@ def run_method(method: Method, *, resume: bool = True, runner: Runner = local_ru
     """Run every stage of ``method`` not yet done; see the module doc."""
     started = time.time()
     root, stages = Path(method.run_dir()), method.stages()
+    refuse_former_run(root, method.former_run_dir())  # an older release's run of this config: never spent again
     result = RunResult(root, Path(method.ledger_dir(root)), started)
     snapshot, ignore = method.identity()
     moved = getattr(type(method.config), "moved_keys", {})  # a run from before a key moved is named as such
@@ -80,22 +85,33 @@ def run_method(method: Method, *, resume: bool = True, runner: Runner = local_ru
         if _finished(result, stages):  # by another process while this one checked its data
             announce_finished(root)
             return result
-        open_run_ledger(result.ledger_dir, plan, method.kind)
+        ledger = open_run_ledger(result.ledger_dir, plan, method.kind)
         markers = StageMarkers(root)
-        # release/ is written once the DP outputs are in place: before the first owner-side report stage, else
-        # before the last stage's marker, so that a finished run (every marker) always has its release
-        last = max(i for i, s in enumerate(stages) if not s.after_release)
-        for i, stage in enumerate(stages):
-            if stage.done(markers):
-                continue
-            if stage.after_release and not result.release_dir.is_dir():
-                _release(method, result)
-            _run_stage(stage, method, result, runner, markers, release_first=i == last and i == len(stages) - 1)
-            if method.stop_after() == stage.name:
-                raise StageInterrupted(f"stopped after stage '{stage.name}' (stop_after_stage)")
+        to_run = [s for s in stages if not s.done(markers)]
+        held = reserve_planned(to_run, method.config, ledger, root)  # the whole plan, before any stage runs
+        try:
+            _run_stages(method, result, stages, runner, markers)
+        finally:
+            release_reservations(ledger, held, root, to_run)
         for hook in report_hooks:  # the run report (`dpsynth report`) is written here
             hook(root)
     return result
+
+
+def _run_stages(method: Method, result: RunResult, stages: Sequence[Stage], runner: Runner,
+                markers: StageMarkers) -> None:
+    """Each stage not yet done, in order."""
+    # release/ is written once the DP outputs are in place: before the first owner-side report stage, else
+    # before the last stage's marker, so that a finished run (every marker) always has its release
+    last = max(i for i, s in enumerate(stages) if not s.after_release)
+    for i, stage in enumerate(stages):
+        if stage.done(markers):
+            continue
+        if stage.after_release and not result.release_dir.is_dir():
+            _release(method, result)
+        _run_stage(stage, method, result, runner, markers, release_first=i == last and i == len(stages) - 1)
+        if method.stop_after() == stage.name:
+            raise StageInterrupted(f"stopped after stage '{stage.name}' (stop_after_stage)")
 
 
 def _finished(result: RunResult, stages: Sequence[Stage]) -> bool:

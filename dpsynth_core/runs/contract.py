@@ -35,6 +35,8 @@ from dpsynth_core.runs.run_dir import StageMarkers
 EVENT_KINDS = ("gaussian", "zcdp", "dpsgd", "post_processing")
 
 StageFn = Callable[[Any, str], "dict | None"]
+# (config, ledger) -> [(ledger stage, event)]: the privacy events a stage will record, known before it runs
+PlanFn = Callable[[Any, Any], "list[tuple[str, Any]]"]
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,9 @@ class Stage:
     e.g. DPFairLLM's train + generate); empty: the loop writes ``stages/<name>.done``.
     ``after_release``: an owner-side report that runs once ``release/`` is written.
     ``in_driver``: a light stage the loop runs in its own process, never through the runner (which
-    a Ray driver uses to place heavy stages)."""
+    a Ray driver uses to place heavy stages).
+    ``plan``: the events the stage will record, which the loop reserves before the first stage runs
+    (``run_loop.reserve``); None: the stage reserves or records on its own."""
 
     name: str
     run: StageFn
@@ -55,6 +59,7 @@ class Stage:
     after_release: bool = False
     marks: tuple[str, ...] = ()
     in_driver: bool = False
+    plan: PlanFn | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.records) - set(EVENT_KINDS)
@@ -62,6 +67,8 @@ class Stage:
             raise ValueError(f"stage {self.name}: unknown privacy event kinds {sorted(unknown)}")
         if set(self.records) - {"post_processing"} and not self.reads_private:
             raise ValueError(f"stage {self.name}: records a DP event but says it reads no private data")
+        if self.plan is not None and not set(self.records) - {"post_processing"}:
+            raise ValueError(f"stage {self.name}: plans privacy events but declares none it records")
         if self.isolated and self.reads_private:
             raise ValueError(f"stage {self.name}: an isolated stage cannot read private data")
 
@@ -109,7 +116,12 @@ class Method(ABC):
 
     @abstractmethod
     def run_dir(self) -> Path:
-        """Where the run lives (resolved from the config's name and output_dir)."""
+        """Where the run lives: the config's ``output_dir`` (``name`` only labels the run)."""
+
+    def former_run_dir(self) -> Path | None:
+        """Where an older release ran this config, if elsewhere: a run found there and none in ``run_dir``
+        is refused, naming the key that continues it (``run_loop.former``)."""
+        return None
 
     @abstractmethod
     def privacy_plan(self) -> PrivacyPlan:

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from dpsynth_core.run_loop import run_method
+from dpsynth_core.run_loop.reserve import adopt_reservations
 from dpsynth_core.runs.contract import Method, PrivacyPlan, Stage
 from dpsynth_core.runs.files import atomic_write_text
 from dpsynth_core.tabular import private_data
@@ -45,11 +46,33 @@ def stage_prepare(cfg: AimConfig, root: str) -> dict:
     return prepare_domain(cfg, Path(root), _schema(cfg))
 
 
+def plan_prepare(cfg: AimConfig, ledger) -> list:
+    """The DP domain's Gaussian histograms, one per unresolved `domain: dp` column (none: nothing spent)."""
+    from dpsynth_core.privacy.gaussian_histogram import histogram_event
+
+    todo = [c for c in _schema(cfg).columns if c.domain == "dp" and not c.resolved()]
+    share = cfg.epsilon_share(cfg.budget.domain)
+    if cfg.is_reference or not todo or share <= 0:  # a zero share is refused by the stage, naming the columns
+        return []
+    return [("dp_domain", histogram_event(share, ledger.delta, len(todo))[1])]
+
+
+def plan_aim(cfg: AimConfig, ledger) -> list:
+    """AIM's zCDP rho for what the ledger will leave it (``aim_synthesize`` converts the same epsilon)."""
+    from snsynth.utils import cdp_rho
+
+    from dpsynth_core.privacy import ZCdpEvent
+
+    return [] if cfg.is_reference else [("aim_baseline", ZCdpEvent(rho=float(cdp_rho(ledger.remaining_epsilon(),
+                                                                                        ledger.delta))))]
+
+
 def stage_aim(cfg: AimConfig, root: str) -> dict:
     from dpsynth_core.tabular.baseline import aim_synthesize
 
     run = Path(root)
     schema, ledger = resolved_schema(run), _ledger(run)
+    adopt_reservations(ledger, run, "aim")  # the loop reserved AIM's rho: recorded against it
     private = private_data.load_private(cfg, run, schema)
     if cfg.is_reference:  # epsilon = inf: AIM's rho -> inf limit, the data's own rows
         synth = resample_rows(private, schema, cfg.num_rows, cfg.sample_seed, ledger)
@@ -93,12 +116,15 @@ class AimMethod(Method):
     config: AimConfig
 
     def stages(self) -> list[Stage]:
-        return [Stage("prepare", stage_prepare, records=("gaussian",), reads_private=True),
-                Stage("aim", stage_aim, records=("zcdp",), reads_private=True),
+        return [Stage("prepare", stage_prepare, records=("gaussian",), reads_private=True, plan=plan_prepare),
+                Stage("aim", stage_aim, records=("zcdp",), reads_private=True, plan=plan_aim),
                 Stage("evaluate", stage_evaluate, reads_private=True, after_release=True)]
 
     def run_dir(self) -> Path:
         return self.config.run_dir()
+
+    def former_run_dir(self) -> Path:
+        return self.config.former_run_dir()
 
     def privacy_plan(self) -> PrivacyPlan:
         return private_data.privacy_plan(self.config, _schema(self.config))

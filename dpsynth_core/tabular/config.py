@@ -351,8 +351,13 @@ class TableRunConfig(ReferenceRunConfig):
         return math.inf if self.is_reference else self.epsilon * fraction
 
     def run_dir(self) -> Path:
-        """``output_dir/name``, absolute (a relative one is refused inside a submitted Ray job)."""
-        return require_durable_run_dir(Path(self.output_dir) / self.name, "output_dir")
+        """``output_dir`` itself, absolute (a relative one is refused inside a submitted Ray job); ``name``
+        only labels the run (the ledger's dataset name), as in every method."""
+        return require_durable_run_dir(Path(self.output_dir), "output_dir")
+
+    def former_run_dir(self) -> Path:
+        """``output_dir/name``: where releases before the one run-location rule ran this config."""
+        return self.run_dir() / self.name
 
 
 class DpFairConfig(TableRunConfig):

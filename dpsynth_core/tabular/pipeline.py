@@ -86,6 +86,9 @@ class DpFairMethod(Method):
     def run_dir(self) -> Path:
         return self.config.run_dir()
 
+    def former_run_dir(self) -> Path:
+        return self.config.former_run_dir()
+
     def privacy_plan(self) -> PrivacyPlan:
         return private_data.privacy_plan(self.config, public_schema(self.config))
 

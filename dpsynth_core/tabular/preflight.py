@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dpsynth_core.run_loop.former import refuse_former_run
 from dpsynth_core.runs.preflight import Plan
 
 
@@ -15,6 +16,7 @@ def preflight_dpfair(config_path: Path) -> Plan:
     from dpsynth_core.tabular.run_schema import public_schema
 
     cfg = load_dpfair_config(config_path)
+    refuse_former_run(cfg.run_dir(), cfg.former_run_dir())  # before the private file is read
     schema = public_schema(cfg)
     rows, delta = private_data.preflight(cfg, schema)
     return Plan("dpfair", Path(config_path), stages_to_run(cfg, schema), cfg.epsilon, delta,
@@ -28,6 +30,7 @@ def preflight_aim(config_path: Path) -> Plan:
     from dpsynth_core.tabular.schema import load_schema
 
     cfg = load_aim_config(config_path)
+    refuse_former_run(cfg.run_dir(), cfg.former_run_dir())  # before the private file is read
     schema = load_schema(cfg.schema_path).select(cfg.columns)
     rows, delta = private_data.preflight(cfg, schema)
     stages = [s.name for s in AimMethod(cfg).stages()]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from dpsynth_core.run_loop.reserve import adopt_reservations
 from dpsynth_core.runs.files import atomic_write_text
 from dpsynth_core.tabular import private_data
 from dpsynth_core.tabular.config import DpFairConfig, TableRunConfig
@@ -40,8 +41,10 @@ def prepare_domain(cfg: TableRunConfig, run: Path, schema: TableSchema) -> dict:
     """The first stage of a tabular run: the secret working subset, then `domain: dp` columns under DP."""
     from dpsynth_core.tabular.dp_domain import estimate_domain
 
+    ledger = run_ledger(run)
+    adopt_reservations(ledger, run, "prepare")  # a reservation the run loop made for this stage (AIM plans it)
     raw = private_data.private_rows(cfg, run, first_stage=True)
-    resolved = estimate_domain(schema, raw, epsilon=cfg.epsilon_share(cfg.budget.domain), ledger=run_ledger(run))
+    resolved = estimate_domain(schema, raw, epsilon=cfg.epsilon_share(cfg.budget.domain), ledger=ledger)
     resolved = resolved.with_other_buckets()  # post-processing of the DP output
     resolved.validate_frame(raw, private_data.source_name(cfg))  # cannot fail after preflight: checked, not spent
     atomic_write_text(run / "schema_resolved.json", resolved.model_dump_json(indent=2))

@@ -11,7 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpsynth_core.dpsgd.train_job import EXECUTION_ONLY, TrainJobConfig, data_source
+from dpsynth_core.dpsgd.sampling import PrivacyUnits
 from dpsynth_core.errors import ConfigError
+from dpsynth_core.run_loop.reserve import adopt_reservations
 from dpsynth_core.runs.contract import Method, PrivacyPlan, Stage, StageInterrupted
 
 
@@ -32,9 +34,10 @@ class TrainMethod(Method):
         self.config_path = Path(config_path)
         self.resume_checkpoint, self.progress, self.train_runner, self.fresh = resume_checkpoint, progress, train_runner, fresh
         self.result = None  # the TrainResult once the stage ran in this process
+        self.units: tuple[int, bool] | None = None  # (privacy units, user-level), counted by the pre-flight
 
     def stages(self) -> list[Stage]:
-        return [Stage(self.config.stage, self._train, records=("dpsgd",), reads_private=True)]
+        return [Stage(self.config.stage, self._train, records=("dpsgd",), reads_private=True, plan=self._plan)]
 
     def run_dir(self) -> Path:
         return Path(self.config.output_dir)
@@ -51,8 +54,9 @@ class TrainMethod(Method):
 
         job = self.config
         preflight_job(job, self.config_path, fresh=self.fresh)
-        n_units = _units(data_source(job.data, self.config_path).load())
-        return PrivacyPlan(job.ledger.dataset, job.train.epsilon, job.train.delta, job.train.public_num_units or n_units,
+        units = PrivacyUnits.from_user_ids([e.user_id for e in data_source(job.data, self.config_path).load()])
+        self.units = (len(units), units.user_level)  # the count DP-SGD accounting treats as public
+        return PrivacyPlan(job.ledger.dataset, job.train.epsilon, job.train.delta, job.train.public_num_units or len(units),
                            delta_field="privacy.delta", budget=job.ledger.epsilon_budget)
 
     def release_items(self, root: Path) -> dict[str, Path]:
@@ -60,6 +64,15 @@ class TrainMethod(Method):
         adapter = Path(self.config.output_dir) / "adapter"
         merged = Path(self.config.output_dir) / "merged"
         return {"adapter": adapter, **({"merged": merged} if merged.is_dir() else {})}
+
+    def _plan(self, job: TrainJobConfig, ledger) -> list:
+        """The DP-SGD event, calibrated as the stage will (``plan_privacy``) from the unit count of the pre-flight."""
+        from dpsynth_core.dpsgd.budget import plan_for_units
+
+        try:
+            return [(job.stage, plan_for_units(job.train, *self.units, ledger=ledger, stage=job.stage).event())]
+        except ConfigError as exc:
+            raise ConfigError(f"{self.config_path}: {exc}") from None
 
     def _train(self, job: TrainJobConfig, root: str) -> dict:
         from dpsynth_core.dpsgd import train_dp_lora
@@ -69,6 +82,7 @@ class TrainMethod(Method):
         source = data_source(job.data, self.config_path)
         examples = source.load()
         ledger = PrivacyLedger.open(self.ledger_dir(Path(root)))
+        adopt_reservations(ledger, root, job.stage)  # the loop reserved this stage's event: train with its noise
         try:
             check_delta_for_size(ledger.delta, _units(examples), field="privacy.delta (the ledger's delta)")
             plan_privacy(job.train, examples, ledger=ledger, stage=job.stage)  # every check, before training
