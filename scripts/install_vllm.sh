@@ -28,7 +28,7 @@ if ! "$PY" -m pip install -q --disable-pip-version-check --no-deps -r "$REQ" >"$
   give_up "pip: ${reason:-see pip install --no-deps -r $REQ}"
 fi
 rm -f "$log"
-"$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+"$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
 if ! out=$("$PY" -c "import vllm, transformers; print(vllm.__version__, transformers.__version__)" 2>&1); then
   give_up "it does not import: $(echo "$out" | tail -1)"
 fi

@@ -26,5 +26,11 @@ fi
 parallel=()
 # --no-loadscope-reorder: keep tests/conftest.py's order (minutes-long files first); xdist's default
 # sorts the groups by test count, which can leave a worker alone with the sweep at the end.
-if [ "$workers" -gt 1 ]; then parallel=(-n "$workers" --dist loadgroup --no-loadscope-reorder); fi
+if [ "$workers" -gt 1 ]; then
+  parallel=(-n "$workers" --dist loadgroup --no-loadscope-reorder)
+  # one core's share of threads per worker: torch's OpenMP pool defaults to every core, and two workers' pools
+  # spinning on the same cores slow each other down (Ray already gives its tasks 1 thread)
+  cores=$(.venv/bin/python -c 'import os; print(len(os.sched_getaffinity(0)))')
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( cores / workers > 0 ? cores / workers : 1 ))}
+fi
 .venv/bin/python -m pytest -q -p no:cacheprovider --timeout=900 --durations=15 "${parallel[@]}" $targets "$@"

@@ -45,14 +45,15 @@ SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 
 SERVE_FILES = {"test_serve_generation.py", "test_serve_limits.py", "test_serve_config.py", "test_pe_runs.py",
                "test_pe_openai_backend.py"}
-# the files that share the session's tiny ACTG run (``tiny_actg_run``): one worker builds it once
-TINY_RUN_FILES = {"test_actg_pipeline.py", "test_report.py"}
+# the files that share the session's tiny ACTG run (``tiny_actg_run``) and tiny DPFairLLM run
+# (``tiny_dpfair_run``): one worker builds each once, in the setup of the file that asserts on the run itself
+TINY_RUN_FILES = ("test_actg_pipeline.py", "test_tabular_ledger.py", "test_report.py")
 
 
 # Minutes-long groups first (longest first, from a full run's durations), so no worker is left with
 # one of them at the end; order kept within a group. scripts/run_tests.sh keeps this order in xdist.
 SLOW_FIRST = ("tiny_runs", "test_sweep.py", "serve", "test_vllm_ray_llm.py", "test_dpsgd_ray.py",
-              "test_tabular_ledger.py", "test_gpu_check.py", "test_batch_generate.py", "test_vllm_engine.py",
+              "test_gpu_check.py", "test_batch_generate.py", "test_vllm_engine.py",
               "test_fsdp_ray.py", "test_quiet_output.py", "test_dpsgd_privacy.py", "test_dpsgd_core.py",
               "test_cluster.py")
 
@@ -65,7 +66,9 @@ def _group(name: str) -> str:
 def pytest_collection_modifyitems(config, items):
     """xdist groups: one per test file, one for every file that starts Ray Serve; slow groups first."""
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
-    items.sort(key=lambda item: rank.get(_group(item.path.name), len(rank)))  # stable: file order kept otherwise
+    within = {name: i for i, name in enumerate(TINY_RUN_FILES)}
+    # stable: file order kept otherwise
+    items.sort(key=lambda item: (rank.get(_group(item.path.name), len(rank)), within.get(item.path.name, 0)))
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_group(item.path.name)))
 
@@ -104,6 +107,15 @@ def tiny_actg_run(ray_session, tmp_path_factory):
     from tests.tiny_actg_run import crash_and_resume
 
     return crash_and_resume(tmp_path_factory.mktemp("tiny_actg"))
+
+
+@pytest.fixture(scope="session")
+def tiny_dpfair_run(ray_session, adult_dir, tmp_path_factory):
+    """A tiny DPFairLLM run through the Ray driver (tests/tiny_dpfair_run.py), every Ray task call recorded: built
+    once for tests/test_tabular_ledger.py and tests/test_report.py (one xdist group); users copy it first."""
+    from tests.tiny_dpfair_run import finished_dpfair_run
+
+    return finished_dpfair_run(tmp_path_factory.mktemp("tiny_dpfair"))
 
 
 @pytest.fixture(scope="session")

@@ -8,15 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from dpsynth_core.audit import AuditSettings, epsilon_lower_bound, one_run_p_value, run_dpsgd_audit
 from dpsynth_core.audit.canaries import draw_canaries
 from dpsynth_core.audit.run import count_correct
 from dpsynth_core.dpsgd import DpSgdConfig, TrainExample
 from dpsynth_core.errors import ConfigError
-
-torch.set_num_threads(2)
 
 
 # --- the bound -------------------------------------------------------------------------------

@@ -42,40 +42,26 @@ def console_errors(console: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, biorxiv_csv, adult_dir, request):
-    """A tiny ACTG run (the session's, tests/tiny_actg_run.py: configs/actg_tiny.yaml, also asserted on by
-    tests/test_actg_pipeline.py), a tiny DPFairLLM run and a tiny AIM run on its table
-    (configs/dpfair_tiny_test.yaml, configs/aim_tiny_test.yaml). The table runs go in a second process, started
-    before the session's ACTG run is asked for, so the two overlap on two cores. Tests copy a run before changing
-    anything."""
-    import subprocess
-    import sys
-
+def runs(tmp_path_factory, tiny_actg_run, tiny_dpfair_run):
+    """The session's tiny ACTG run (tests/tiny_actg_run.py, also asserted on by tests/test_actg_pipeline.py), the
+    session's tiny DPFairLLM run (tests/tiny_dpfair_run.py, also asserted on by tests/test_tabular_ledger.py) and a
+    tiny AIM run on its table (configs/aim_tiny_test.yaml with the DPFairLLM run's columns and data), the
+    --baseline of the fairness test. Tests copy a run before changing anything."""
     import yaml
 
+    from dpsynth_core.tabular.aim_run import run_aim
+    from dpsynth_core.tabular.config import load_aim_config
+
     repo = Path(__file__).resolve().parent.parent
-    base = tmp_path_factory.mktemp("report_runs")
-    table = yaml.safe_load((repo / "configs" / "dpfair_tiny_test.yaml").read_text())
-    table.update(output_dir=str(base / table["name"]), schema_path=str(repo / table["schema_path"]))
-    (base / "dpfair.yaml").write_text(yaml.safe_dump(table))
-    # a tiny AIM run on the same table (configs/aim_tiny_test.yaml with its columns), the --baseline of the fairness
-    # test: after the table run, in the same second process
+    dpfair_run, dpfair_config, _ = tiny_dpfair_run
+    table = json.loads(Path(dpfair_config).read_text())
     aim = yaml.safe_load((repo / "configs" / "aim_tiny_test.yaml").read_text())
-    aim.update(output_dir=str(base / aim["name"]), schema_path=str(repo / aim["schema_path"]), columns=table["columns"],
+    base = tmp_path_factory.mktemp("report_aim")
+    aim.update(output_dir=str(base / "aim"), schema_path=table["schema_path"], columns=table["columns"], data=table["data"],
                evaluate_privacy=False)
     (base / "aim.yaml").write_text(yaml.safe_dump(aim))
-    dpfair = subprocess.Popen([sys.executable, "-c", "import sys; from dpsynth_core.tabular.config import "
-                               "load_aim_config, load_dpfair_config; from dpsynth_core.tabular.pipeline import "
-                               "run_dpfair; from dpsynth_core.tabular.aim_run import run_aim; "
-                               "print('run:dpfair', run_dpfair(load_dpfair_config(sys.argv[1]))); "
-                               "print('run:aim', run_aim(load_aim_config(sys.argv[2])))", str(base / "dpfair.yaml"),
-                               str(base / "aim.yaml")],
-                              cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    actg = request.getfixturevalue("tiny_actg_run").run
-    out, err = dpfair.communicate(timeout=600)
-    assert dpfair.returncode == 0, err[-3000:]
-    tables = dict(line.split(" ", 1) for line in out.splitlines() if line.startswith("run:"))  # AIM prints too
-    return {"actg": Path(actg), "dpfair": Path(tables["run:dpfair"]), "aim": Path(tables["run:aim"])}
+    aim_run = run_aim(load_aim_config(base / "aim.yaml"))
+    return {"actg": Path(tiny_actg_run.run), "dpfair": Path(dpfair_run), "aim": Path(aim_run)}
 
 
 def _copy(run: Path, dest: Path) -> Path:

@@ -145,7 +145,6 @@ def test_real_generate_on_tiny_model_gives_100_percent_valid_rows(tokenizer):
     from dpsynth_core.dpsgd import load_generator
     from dpsynth_core.tabular.generation import FairGenerationSettings, GenerationSettings, generate_rows
 
-    torch.set_num_threads(2)
     schema = load_schema(ADULT_SCHEMA).select(["age", "workclass", "education", "sex", "hours_per_week", "income"])
     ser = RowSerializer(schema, random_order=True, seed=0)
     model, tok = load_generator("tiny-llama")
@@ -206,7 +205,6 @@ def test_stratified_generation_on_tiny_model_follows_the_quota(tokenizer):
     from dpsynth_core.dpsgd import load_generator
     from dpsynth_core.tabular.generation import GenerationSettings, StratumQuota, generate_rows
 
-    torch.set_num_threads(2)
     schema = load_schema(ADULT_SCHEMA).select(["age", "marital_status", "sex", "income"])
     model, tok = load_generator("tiny-llama")
     quota = StratumQuota("sex", {"Female": 600.0, "Male": 300.0, "unused": -5.0})  # noisy DP counts: clamped

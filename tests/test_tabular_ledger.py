@@ -15,6 +15,7 @@ import pytest
 from dpsynth_core.privacy import GaussianEvent, PrivacyLedger, calibrate_gaussian_noise
 from dpsynth_core.tabular.dp_domain import dp_group_label_table, dp_marginals, estimate_domain
 from dpsynth_core.tabular.schema import TableSchema, load_schema
+from tests.tiny_dpfair_run import tiny_dpfair_config
 
 REPO = Path(__file__).resolve().parent.parent
 ADULT_SCHEMA = REPO / "configs" / "schemas" / "adult.yaml"
@@ -152,45 +153,14 @@ def test_pair_tables_bin_numeric_columns_on_their_own_coarser_cells_at_the_same_
 
 
 def _tiny_config(tmp_path: Path, **over) -> Path:
-    cfg = {
-        "name": "t", "output_dir": str(tmp_path / "runs"), "schema_path": str(ADULT_SCHEMA),
-        "columns": ["age", "education", "capital_loss", "race", "sex", "hours_per_week", "income"],
-        "data": {"source": "adult", "train_rows": 160, "test_rows": 200, "seed": 0},
-        "epsilon": 3.0, "budget": {"domain": 0.05, "fair_stats": 0.05, "marginals": 0.1},
-        # stage 1 on rows drawn from DP 1-way marginals (the dp_marginals stage)
-        "training": {"model": "tiny-llama", "steps": 2, "expected_batch_size": 16, "physical_batch_size": 16,
-                     "learning_rate": 0.005, "max_seq_len": 64, "clipping": "hooks",
-                     "public_stage": {"steps": 2, "rows": 32, "batch_size": 8, "rows_from": "dp_marginals"}},
-        # two attributes; the equalized-odds term renews its constants from 4 generated rows at step 0
-        "fairness": {"lambda_dp": {"sex": 1.0, "race": 0.5}, "lambda_eo": 0.5, "sensitive": ["sex", "race"], "eo_rows": 4},
-        # a pool of 32 rows raked to the DP marginals (and to demographic parity), 16 of them released
-        "generation": {"num_rows": 16, "batch_size": 16, "calibrate": {"enabled": True, "pool_factor": 2.0},
-                       "fairness": {"enabled": True, "max_dp_gap": 0.2, "warmup_rows": 4, "tilt": True}},
-        "evaluate_privacy": True, "use_ray": True,
-    }
-    cfg.update(over)
-    path = tmp_path / "cfg.json"
-    path.write_text(json.dumps(cfg))
-    return path
+    return tiny_dpfair_config(tmp_path, **over)
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory, adult_dir, ray_session):
-    """One tiny DPFairLLM run through the Ray driver (real Ray), every task call recorded."""
-    import ray_jobs.dpfair as dpfair
-    from dpsynth_core.tabular.config import load_dpfair_config
-    from dpsynth_core.tabular.pipeline import run_dpfair
-
-    tmp = tmp_path_factory.mktemp("dpfair")
-    path = _tiny_config(tmp)
-    calls: list[tuple] = []
-
-    def recording_runner(fn, *args):
-        calls.append(args)
-        return dpfair.ray_runner(fn, *args)
-
-    run = run_dpfair(load_dpfair_config(path), runner=recording_runner)
-    return run, path, calls
+def finished_run(tiny_dpfair_run):
+    """The session's tiny DPFairLLM run through the Ray driver (tests/tiny_dpfair_run.py): run dir, config,
+    every Ray task call recorded."""
+    return tiny_dpfair_run
 
 
 def test_pipeline_ledger_composes_within_epsilon(finished_run):
