@@ -57,8 +57,8 @@ def runs(tmp_path_factory, tiny_actg_run, tiny_dpfair_run):
     table = json.loads(Path(dpfair_config).read_text())
     aim = yaml.safe_load((repo / "configs" / "aim_tiny_test.yaml").read_text())
     base = tmp_path_factory.mktemp("report_aim")
-    aim.update(output_dir=str(base / "aim"), schema_path=table["schema_path"], columns=table["columns"], data=table["data"],
-               evaluate_privacy=False)
+    aim.update(output_dir=str(base / "aim"), schema_path=table["schema_path"], columns=table["columns"],
+               data=table["data"], evaluate_privacy=False)
     (base / "aim.yaml").write_text(yaml.safe_dump(aim))
     aim_run = run_aim(load_aim_config(base / "aim.yaml"))
     return {"actg": Path(tiny_actg_run.run), "dpfair": Path(dpfair_run), "aim": Path(aim_run)}
