@@ -7,7 +7,8 @@ environment). What goes:
 * model-loading progress bars (transformers' "Loading weights" / "Loading checkpoint shards": they
   use huggingface_hub's switch, read from the environment at import);
 * FutureWarning / DeprecationWarning raised inside libraries (``PYTHONWARNINGS`` reaches workers);
-* vLLM's engine notices below ERROR (``VLLM_LOGGING_LEVEL``, read by its engine subprocess too);
+* vLLM's engine notices below ERROR (``VLLM_LOGGING_LEVEL``, read by its engine subprocess too), and
+  torch's own Python log lines below ERROR (``TORCH_LOGS``);
 * Ray's usage-stats notice, and its notice that token authentication is on (the secure default: the
   notice is dropped, the setting is not touched);
 * trl / transformers Trainer's raw metric dicts (:func:`quiet_trainer`).
@@ -38,6 +39,9 @@ _QUIET_ENV = {
     "VLLM_LOGGING_LEVEL": "ERROR",
     # torch's C++ warnings ("[W... utils.cpp] Warning: NUMA binding", from vLLM's CPU worker binding threads)
     "TORCH_CPP_LOG_LEVEL": "ERROR",
+    # torch's Python loggers below ERROR: on a CPU host without triton, vLLM's custom ops make torch log
+    # "Triton not available, find_triton_kernels = []" in every engine process, before any of our code runs there
+    "TORCH_LOGS": "-torch",
 }
 
 # Ray logs this on every local start; token auth stays on, only the notice goes.

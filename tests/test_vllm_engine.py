@@ -128,8 +128,9 @@ def test_vllm_engine_is_quiet_under_the_cli_settings(tmp_path) -> None:
         assert "OUT 1" in done.stdout
         return done.stdout + done.stderr
 
-    # vLLM's log lines, its weight-loading bar, torch's C++ warnings
-    noisy = re.compile(r"\b(WARNING|INFO) \d\d-\d\d |Loading safetensors checkpoint|^\[W\d{4} ", flags=re.M)
+    # vLLM's log lines, its weight-loading bar, torch's C++ warnings and its Python log lines ("W1126 21:47:57.169 …")
+    noisy = re.compile(r"\b(WARNING|INFO) \d\d-\d\d |Loading safetensors checkpoint|^\[W\d{4} |^[WI]\d{4} \d\d:\d\d:",
+                       flags=re.M)
     assert noisy.search(run({"DPSYNTH_VERBOSE": "1"})), "vLLM logged nothing even when verbose: the check is void"
     quiet = run({})
     assert not noisy.search(quiet), noisy.search(quiet).group(0)
@@ -162,3 +163,11 @@ def test_vllm_import_notices_are_silenced_where_a_root_handler_prints_them() -> 
     # a process vLLM spawns: no handler configured, and nothing at WARNING or above to print
     assert importlib.util.find_spec("triton") is None, "triton is installed: reinstall with `make install`"
     assert "Triton" not in stderr("import vllm.triton_utils")
+    # without triton, torch logs its own notice when vLLM registers its ops (its own handler, in every engine
+    # process); the CLI's environment (dpsynth_core.quiet: TORCH_LOGS) keeps it off the screen
+    from dpsynth_core.quiet import quiet_env
+
+    scan = "from torch._library.triton import get_inner_triton_kernels\nget_inner_triton_kernels(len)"
+    assert "Triton not available" in stderr(scan)
+    env.update(quiet_env())
+    assert "Triton" not in stderr(scan)
