@@ -173,8 +173,9 @@ def run_one(method: str, config: dict, config_path: Path, lock: str | None) -> d
     if done.returncode != 0:
         raise SystemExit(f"{method} run failed (exit {done.returncode}): {config_path}; rerun to resume it")
     stages = run_dir(config) / "stages"
-    result = {"method": method, "seconds": round(time.time() - started, 1),
-              **json.loads((stages / "evaluate.done").read_text())}
+    # the evaluate stage's own summary first: its "method" and "seconds" are not this script's
+    result = {**json.loads((stages / "evaluate.done").read_text()), "method": method,
+              "wall_seconds": round(time.time() - started, 1)}
     if (stages / "reference.done").exists():
         result["real_data"] = json.loads((stages / "reference.done").read_text())
     return result
@@ -205,7 +206,7 @@ def run_all(args) -> None:
                                "private_rows": args.rows}
                     out.parent.mkdir(parents=True, exist_ok=True)
                     out.write_text(json.dumps(result, indent=2, default=float))
-                    print(f"wrote {out} ({result['seconds']} s)")
+                    print(f"wrote {out} ({result['wall_seconds']} s)")
 
 
 def _cell(values: list[float]) -> str:
