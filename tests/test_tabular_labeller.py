@@ -125,7 +125,7 @@ def test_label_cut_raked_takes_each_groups_rate_on_the_raked_pool(tmp_path, monk
     for cut in ("pool", "raked"):
         cfg = DpFairConfig.model_validate({
             "name": "t", "output_dir": str(tmp_path), "epsilon": 1.0, "budget": {"marginals": 0.2},
-            "fairness": {"sensitive": "sex"}, "generation": {
+            "recipe": "none", "fairness": {"sensitive": "sex"}, "generation": {
                 "num_rows": 200, "fairness": {"enabled": True, "sensitive": "sex"},
                 "calibrate": {"enabled": True, "pairs_with_target": True, "pairs_with_sensitive": True,
                               "labels": "dp_tables", "label_cut": cut}}})
@@ -185,7 +185,7 @@ def test_the_pipeline_relabels_the_pool_before_raking_and_selection(tmp_path, mo
     (tmp_path / stages_dp.MARGINALS_FILE).write_text(json.dumps(DP))
     pool = _rows(900, seed=1)
     base = {"name": "t", "output_dir": str(tmp_path), "epsilon": 1.0, "budget": {"marginals": 0.2},
-            "fairness": {"sensitive": "sex"}}
+            "recipe": "none", "fairness": {"sensitive": "sex"}}
     gen = {"num_rows": 200, "fairness": {"enabled": True, "sensitive": "sex"},
            "calibrate": {"enabled": True, "pairs_with_target": True, "labels": "dp_tables"}}
     cfg = DpFairConfig.model_validate({**base, "generation": gen})
@@ -210,7 +210,7 @@ def test_label_prior_is_counted_in_the_marginals_noise_sd_the_ledger_recorded(tm
 
     (tmp_path / stages_dp.MARGINALS_FILE).write_text(json.dumps(DP))
     base = {"name": "t", "output_dir": str(tmp_path), "epsilon": 1.0, "budget": {"marginals": 0.2},
-            "fairness": {"sensitive": "sex"},
+            "recipe": "none", "fairness": {"sensitive": "sex"},
             "generation": {"num_rows": 100, "fairness": {"enabled": True, "sensitive": "sex"},
                            "calibrate": {"enabled": True, "pairs_with_target": True, "labels": "dp_tables",
                                          "label_prior": 2.0}}}
@@ -239,7 +239,7 @@ def test_pairs_with_sensitive_keep_the_proxy_tie_with_labels_at_parity(tmp_path)
     pool = _rows(900, seed=2)
     cal = {"enabled": True, "pairs_with_target": True, "pairs_with_sensitive": True, "labels": "dp_tables"}
     base = {"name": "t", "output_dir": str(tmp_path), "epsilon": 1.0, "budget": {"marginals": 0.2},
-            "fairness": {"sensitive": "sex"},
+            "recipe": "none", "fairness": {"sensitive": "sex"},
             "generation": {"num_rows": 200, "fairness": {"enabled": True, "sensitive": "sex"}, "calibrate": cal}}
 
     def exec_share_gap(frame):

@@ -35,7 +35,7 @@ def _cfg(tmp_path: Path, source: Path, **over) -> DpFairConfig:
     raw = {"name": "t", "output_dir": str(tmp_path / "runs"), "schema_path": str(ADULT_SCHEMA), "columns": COLUMNS,
            "data": {"source": str(source), "test_path": str(source), "train_rows": 100, "sample_fraction": 0.25,
                     "seed": 0},
-           "epsilon": 2.0, "training": {"model": "tiny-llama"}, "use_ray": False}
+           "recipe": "none", "epsilon": 2.0, "training": {"model": "tiny-llama"}, "use_ray": False}
     raw.update(over)
     return DpFairConfig.model_validate(raw)
 

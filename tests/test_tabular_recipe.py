@@ -52,6 +52,39 @@ def test_the_minimal_config_resolves_to_the_committed_recipe_field_by_field(epsi
     assert minimal["columns"][:2] == ["sex", "marital_status"]  # written first
 
 
+@pytest.mark.parametrize("epsilon", [1, 4])
+def test_a_config_without_recipe_resolves_exactly_as_recipe_fair_v1_and_none_opts_out(tmp_path, epsilon):
+    from dpsynth_core.tabular.config import DpFairConfig
+
+    shipped = yaml.safe_load((REPO / "configs" / f"dpfair_eps{epsilon}_1000.yaml").read_text())
+    assert "recipe" not in shipped  # the shipped minimal configs rely on the default
+    variants = {}
+    for recipe in ("left out", "fair-v1", "none"):
+        raw = dict(shipped) if recipe == "left out" else {**shipped, "recipe": recipe}
+        (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+        variants[recipe] = load_dpfair_config(tmp_path / "c.yaml").model_dump(mode="json")
+    assert variants["left out"] == variants["fair-v1"] and variants["fair-v1"]["recipe"] == "fair-v1"
+    bare = variants["none"]
+    assert bare["recipe"] == "none" and bare != variants["fair-v1"]
+    # recipe: none is the bare method: every key the config leaves out takes the field's own default
+    defaults = DpFairConfig.model_validate({"recipe": "none", "privacy": {"epsilon": epsilon}}).model_dump(mode="json")
+    for section in ("budget", "serialization", "training"):
+        assert bare[section] == defaults[section], section
+    assert not bare["generation"]["calibrate"]["enabled"] and not bare["generation"]["fairness"]["enabled"]
+    assert bare["fairness"] == {**defaults["fairness"], "sensitive": "sex"}
+    # a run saved before fair-v1 was the default wrote recipe: null, which meant the bare method
+    null = load_dpfair_config(_written(tmp_path, {**shipped, "recipe": None})).model_dump(mode="json")
+    assert null == bare
+    with pytest.raises(ConfigError, match="'fair-v2' is not a recipe"):
+        load_dpfair_config(_written(tmp_path, {**shipped, "recipe": "fair-v2"}))
+
+
+def _written(tmp_path: Path, raw: dict) -> Path:
+    path = tmp_path / "written.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
 def _renamed_schema(tmp_path: Path, names: dict[str, str]) -> Path:
     schema = yaml.safe_load((REPO / "configs" / "schemas" / "adult.yaml").read_text())
     for column in schema["columns"]:

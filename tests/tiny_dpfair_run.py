@@ -18,7 +18,7 @@ def tiny_dpfair_config(tmp_path: Path, **over) -> Path:
         "name": "t", "output_dir": str(tmp_path / "runs"), "schema_path": str(ADULT_SCHEMA),
         "columns": ["age", "education", "capital_loss", "race", "sex", "hours_per_week", "income"],
         "data": {"source": "adult", "train_rows": 160, "test_rows": 300, "seed": 0},
-        "epsilon": 3.0, "budget": {"domain": 0.05, "fair_stats": 0.05, "marginals": 0.1},
+        "recipe": "none", "epsilon": 3.0, "budget": {"domain": 0.05, "fair_stats": 0.05, "marginals": 0.1},
         # stage 1 on rows drawn from DP 1-way marginals (the dp_marginals stage)
         "training": {"model": "tiny-llama", "steps": 2, "expected_batch_size": 16, "physical_batch_size": 16,
                      "learning_rate": 0.005, "max_seq_len": 64, "clipping": "hooks",

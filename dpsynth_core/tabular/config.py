@@ -371,9 +371,9 @@ class DpFairConfig(TableRunConfig):
     name: str = "dpfair"
     output_dir: RunDirPath = Path("runs/dpfair")
     placement: PlacementSettings = Field(default_factory=PlacementSettings)  # train and generate (the model stage)
-    # fair-v1: every key the config leaves out takes the frozen recipe's value (tabular.recipe); None:
-    # the plain field defaults below (building blocks, each off)
-    recipe: Literal["fair-v1"] | None = None
+    # fair-v1 (the default): every key the config leaves out takes the frozen recipe's value
+    # (tabular.recipe); none: the bare method, the plain field defaults below (building blocks, each off)
+    recipe: Literal["fair-v1", "none"] = "fair-v1"
     serialization: SerializationSettings = Field(default_factory=SerializationSettings)
     training: TrainingSettings = Field(default_factory=TrainingSettings)
     fairness: FairnessSettings = Field(default_factory=FairnessSettings)
@@ -385,13 +385,17 @@ class DpFairConfig(TableRunConfig):
     @model_validator(mode="before")
     @classmethod
     def _recipe(cls, raw):
-        if isinstance(raw, dict) and raw.get("recipe") is not None:
-            from dpsynth_core.tabular.recipe import RECIPE, apply_recipe
+        if not isinstance(raw, dict):
+            return raw
+        from dpsynth_core.tabular.recipe import BARE, RECIPE, apply_recipe
 
-            if raw["recipe"] != RECIPE:
-                raise ValueError(f"recipe: '{raw['recipe']}' is not a recipe; the one there is is '{RECIPE}'")
-            return apply_recipe(raw)
-        return raw
+        recipe = raw.get("recipe", RECIPE)
+        if recipe is None or recipe == BARE:  # null: what a run saved before fair-v1 was the default means bare
+            return {**raw, "recipe": BARE}
+        if recipe != RECIPE:
+            raise ValueError(f"recipe: '{recipe}' is not a recipe: '{RECIPE}' (the default) or '{BARE}' (the bare "
+                             "method, every building block off)")
+        return {**apply_recipe(raw), "recipe": RECIPE}
 
     @model_validator(mode="before")
     @classmethod

@@ -1,4 +1,6 @@
-"""DPFairLLM's frozen recipe (``recipe: fair-v1``): the settings a config leaves out.
+"""DPFairLLM's frozen recipe (``recipe: fair-v1``, the default): the settings a config leaves out.
+
+``recipe: none`` opts out: the bare method, each building block off (the config fields' own defaults).
 
 The recipe was chosen on Adult (docs/guides/dpfair.md; its figures in docs/results/) and is frozen: a
 change is a new recipe name, so a run made with ``fair-v1`` stays reproducible. It names no column of any
@@ -19,6 +21,7 @@ from __future__ import annotations
 import copy
 
 RECIPE = "fair-v1"
+BARE = "none"  # recipe: none, the opt-out
 LOW_EPSILON = 2.0
 
 # (epsilon < LOW_EPSILON, otherwise): more of a small budget to the tables the labels come from, coarser
@@ -74,6 +77,8 @@ def apply_recipe(raw: dict) -> dict:
     Generation enforces the training's sensitive attribute(s) unless the config names its own."""
     privacy = raw.get("privacy") if isinstance(raw.get("privacy"), dict) else {}
     epsilon = privacy.get("epsilon", raw.get("epsilon"))
+    if epsilon is None:  # the config's own validation names the missing privacy.epsilon
+        return raw
     if not isinstance(epsilon, (int, float)) or isinstance(epsilon, bool):
         raise ValueError(f"recipe '{RECIPE}' chooses settings by epsilon: give privacy.epsilon as a number")
     resolved = _under(recipe_settings(float(epsilon)), raw)
