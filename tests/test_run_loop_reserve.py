@@ -72,3 +72,34 @@ def test_the_whole_plan_is_reserved_first_and_each_stage_records_against_its_res
     assert [e.stage for e in ledger.entries()] == ["first", "second"] and ledger.reservations() == []
     assert ledger.total_epsilon() <= 1.0
     assert sorted(p.name for p in (tmp_path / "run" / "stages").iterdir()) == ["first.done", "second.done"]
+
+
+def _spy_on_stages(monkeypatch, declarations: dict, ran: list) -> None:
+    """Every stage of a method's declarations replaced by one that notes its name (a stage that runs fails the test
+    below; the real ones would read the private file)."""
+    for name, (fn, *rest) in list(declarations.items()):
+        monkeypatch.setitem(declarations, name, (lambda cfg, root, name=name: ran.append(name) or {}, *rest))
+
+
+def test_an_over_budget_actg_plan_is_refused_before_any_stage_runs(tmp_path, monkeypatch):
+    """ACTG's private stage plans AIM under eps1 and DP-SGD under eps2: with a charge already in the ledger that
+    leaves less than eps1 (a features charge whose features.csv a crash lost: the stage would run AIM again), the
+    loop refuses the plan before the first stage; the old loop ran schema, reward_model, then read the private file."""
+    from dpsynth_core.actg import pipeline
+    from dpsynth_core.actg.features import aim_rho
+    from dpsynth_core.privacy import ZCdpEvent
+    from dpsynth_core.run_loop import run_method
+    from tests.tiny_actg_run import tiny_config
+
+    cfg = pipeline.load_actg_config(tiny_config(tmp_path))
+    run = cfg.resolved_run_dir()
+    ledger = pipeline.open_or_create_ledger(cfg, run)
+    ledger.record("features", ZCdpEvent(rho=aim_rho(3.8, ledger.delta)))  # of epsilon 4
+    before = ledger.entries()
+    ran: list = []
+    _spy_on_stages(monkeypatch, pipeline.STAGE_DECLARATIONS, ran)
+    with pytest.raises(BudgetExceededError, match="stage 'features'"):
+        run_method(pipeline.ActgMethod(cfg))
+    assert ran == [] and ledger.entries() == before and ledger.reservations() == []
+    assert not list(run.glob("stages/*"))  # no marker, no reservation left for a stage
+
