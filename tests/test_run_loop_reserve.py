@@ -103,3 +103,25 @@ def test_an_over_budget_actg_plan_is_refused_before_any_stage_runs(tmp_path, mon
     assert ran == [] and ledger.entries() == before and ledger.reservations() == []
     assert not list(run.glob("stages/*"))  # no marker, no reservation left for a stage
 
+
+def test_an_over_budget_pe_plan_is_refused_before_the_private_data_is_read(tmp_path, monkeypatch):
+    """WASP's stage plans its votes' Gaussian event (T compositions): with a charge already in the run's ledger that
+    leaves less than the votes need, the loop refuses the plan before the stage; the old stage read the private
+    records (``split_data``) and started the PLMs first, then its check refused."""
+    from dpsynth_core.pe import pipeline, stage
+    from dpsynth_core.pe.config import PEConfig
+    from dpsynth_core.privacy import GaussianEvent
+
+    def no_private_read(cfg):
+        raise AssertionError("the stage read the private records")
+
+    monkeypatch.setattr(stage, "split_data", no_private_read)
+    cfg = PEConfig(method="wasp", run_dir=str(tmp_path / "run"), epsilon=1.0, iterations=2,
+                   data={"source": "biorxiv", "classes": ["x", "y"], "num_private": 100})
+    ledger = pipeline.open_ledger(cfg, tmp_path / "run")
+    ledger.record("earlier", GaussianEvent(noise_multiplier=6.0))  # about 0.6 of epsilon 1
+    before = ledger.entries()
+    with pytest.raises(BudgetExceededError, match="stage 'wasp.topq_vote'"):
+        pipeline.run_pe_method(cfg, make_llms=lambda plms: pytest.fail("the stage started its PLMs"))
+    assert ledger.entries() == before and ledger.reservations() == []
+    assert not list((tmp_path / "run").glob("stages/*"))  # no marker, no reservation left for the stage
