@@ -125,3 +125,53 @@ def test_an_over_budget_pe_plan_is_refused_before_the_private_data_is_read(tmp_p
         pipeline.run_pe_method(cfg, make_llms=lambda plms: pytest.fail("the stage started its PLMs"))
     assert ledger.entries() == before and ledger.reservations() == []
     assert not list((tmp_path / "run").glob("stages/*"))  # no marker, no reservation left for the stage
+
+
+def test_while_a_stage_runs_only_the_stage_beats_its_reservation(tmp_path, monkeypatch):
+    """One writer per run: while a stage runs (perhaps on another node, with its own copy of an object-store run,
+    whose driver copy must not change meanwhile) the loop's process leaves the ledger alone, and the stage beats
+    the reservation it adopted (another host would otherwise find it stale)."""
+    import time
+
+    from dpsynth_core.privacy import GaussianEvent, PrivacyLedger, reservations
+    from dpsynth_core.run_loop import run_method
+    from dpsynth_core.run_loop.reserve import adopt_reservations
+    from dpsynth_core.runs.contract import Method, PrivacyPlan, Stage
+
+    monkeypatch.setattr(reservations, "HEARTBEAT_S", 0.05)
+    event, seen = GaussianEvent(noise_multiplier=8.0), []
+
+    def run(cfg, root: str) -> dict:
+        ledger = PrivacyLedger.open(root)
+        beat = lambda: next(r.heartbeat for r in ledger.reservations() if r.stage == "only")  # noqa: E731
+        first = beat()
+        time.sleep(0.4)  # eight of the loop's beats, were it beating
+        paused = beat()
+        adopt_reservations(ledger, root, "only")
+        time.sleep(0.4)
+        seen.append((first, paused, beat()))
+        ledger.record("only", event)
+        return {}
+
+    class OneCount(Method):
+        kind = "toy"
+
+        def stages(self):
+            return [Stage("only", run, records=("gaussian",), reads_private=True, plan=lambda cfg, ledger: [("only", event)])]
+
+        def run_dir(self):
+            return tmp_path / "run"
+
+        def privacy_plan(self):
+            return PrivacyPlan("toy", 1.0, None, 100)
+
+        def release_items(self, root):
+            return {}
+
+        def identity(self):
+            return {"toy": 1}, ()
+
+    ledger = run_method(OneCount(None)).ledger
+    ((first, paused, adopted),) = seen
+    assert paused == first and adopted > paused
+    assert [e.stage for e in ledger.entries()] == ["only"] and ledger.reservations() == []

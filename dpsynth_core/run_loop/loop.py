@@ -90,7 +90,7 @@ def run_method(method: Method, *, resume: bool = True, runner: Runner = local_ru
         to_run = [s for s in stages if not s.done(markers)]
         held = reserve_planned(to_run, method.config, ledger, root)  # the whole plan, before any stage runs
         try:
-            _run_stages(method, result, stages, runner, markers)
+            _run_stages(method, result, stages, runner, markers, ledger)
         finally:
             release_reservations(ledger, held, root, to_run)
         for hook in report_hooks:  # the run report (`dpsynth report`) is written here
@@ -99,8 +99,9 @@ def run_method(method: Method, *, resume: bool = True, runner: Runner = local_ru
 
 
 def _run_stages(method: Method, result: RunResult, stages: Sequence[Stage], runner: Runner,
-                markers: StageMarkers) -> None:
-    """Each stage not yet done, in order."""
+                markers: StageMarkers, ledger: PrivacyLedger) -> None:
+    """Each stage not yet done, in order. While a stage runs this process leaves the ledger alone (one writer
+    per run, perhaps on another node with its own copy of an object-store run): the stage beats what it adopted."""
     # release/ is written once the DP outputs are in place: before the first owner-side report stage, else
     # before the last stage's marker, so that a finished run (every marker) always has its release
     last = max(i for i, s in enumerate(stages) if not s.after_release)
@@ -109,7 +110,8 @@ def _run_stages(method: Method, result: RunResult, stages: Sequence[Stage], runn
             continue
         if stage.after_release and not result.release_dir.is_dir():
             _release(method, result)
-        _run_stage(stage, method, result, runner, markers, release_first=i == last and i == len(stages) - 1)
+        with ledger.heartbeats_paused():
+            _run_stage(stage, method, result, runner, markers, release_first=i == last and i == len(stages) - 1)
         if method.stop_after() == stage.name:
             raise StageInterrupted(f"stopped after stage '{stage.name}' (stop_after_stage)")
 
