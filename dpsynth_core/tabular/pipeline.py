@@ -43,7 +43,8 @@ from dpsynth_core.tabular import private_data
 from dpsynth_core.tabular.config import DpFairConfig
 from dpsynth_core.tabular.run_schema import public_schema
 from dpsynth_core.tabular.schema import TableSchema
-from dpsynth_core.tabular.stages_dp import stage_fair_stats, stage_marginals, stage_prepare
+from dpsynth_core.tabular.stages_dp import (plan_fair_stats, plan_marginals, plan_prepare, stage_fair_stats,
+                                             stage_marginals, stage_prepare)
 from dpsynth_core.tabular.stages_model import stage_model
 from dpsynth_core.tabular.stages_report import stage_evaluate, stage_reference
 
@@ -73,9 +74,11 @@ class DpFairMethod(Method):
 
     def stages(self) -> list[Stage]:
         light = {"reads_private": True, "in_driver": True}  # only the model stage is placed by the runner
-        every = [Stage("prepare", stage_prepare, records=("gaussian",), **light),
-                 Stage("fair_stats", stage_fair_stats, records=("gaussian",), **light),
-                 Stage("marginals", stage_marginals, records=("gaussian",), **light),
+        # the DP measurements plan their histograms (reserved before the first stage runs, run_loop.reserve); the
+        # model stage's fill-budget DP-SGD does not plan yet: it reserves what the ledger leaves just before it trains
+        every = [Stage("prepare", stage_prepare, records=("gaussian",), plan=plan_prepare, **light),
+                 Stage("fair_stats", stage_fair_stats, records=("gaussian",), plan=plan_fair_stats, **light),
+                 Stage("marginals", stage_marginals, records=("gaussian",), plan=plan_marginals, **light),
                  Stage("model", stage_model, records=("dpsgd", "post_processing"), reads_private=True,
                        marks=("train", "generate")),
                  Stage("evaluate", stage_evaluate, after_release=True, **light),
