@@ -128,17 +128,18 @@ def test_an_over_budget_pe_plan_is_refused_before_the_private_data_is_read(tmp_p
 
 
 def test_while_a_stage_runs_only_the_stage_beats_its_reservation(tmp_path, monkeypatch):
-    """One writer per run: while a stage runs (perhaps on another node, with its own copy of an object-store run,
-    whose driver copy must not change meanwhile) the loop's process leaves the ledger alone, and the stage beats
-    the reservation it adopted (another host would otherwise find it stale)."""
+    """One writer per run: while a stage of an object-store run runs (on another node, with its own copy of the
+    run, whose driver copy must not change meanwhile) the loop's process leaves the ledger alone, and the stage
+    beats the reservation it adopted (another host would otherwise find it stale)."""
     import time
 
     from dpsynth_core.privacy import GaussianEvent, PrivacyLedger, reservations
-    from dpsynth_core.run_loop import run_method
+    from dpsynth_core.run_loop import loop, run_method
     from dpsynth_core.run_loop.reserve import adopt_reservations
     from dpsynth_core.runs.contract import Method, PrivacyPlan, Stage
 
     monkeypatch.setattr(reservations, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(loop, "object_store_uri", lambda path: "s3://bucket/run")  # the loop sees an object-store run
     event, seen = GaussianEvent(noise_multiplier=8.0), []
 
     def run(cfg, root: str) -> dict:

@@ -354,7 +354,7 @@ class PrivacyLedger:
 
     def adopt(self, stage: str, reservation_id: int) -> None:
         """Take over the live reservation another ledger object made for ``stage`` (the run loop's, for its stage);
-        this object beats it from now on (the loop pauses its beats while a stage runs: ``heartbeats_paused``)."""
+        this object beats it from now on (on an object-store run the loop pauses its own: ``heartbeats_paused``)."""
         with closing(_connect(self.path)) as conn:
             if not any(r.id == reservation_id and r.stage == stage for r in live_reservations(conn)):
                 raise ConfigError(f"stage {stage!r}: the run's budget reservation {reservation_id} is gone")
@@ -363,8 +363,8 @@ class PrivacyLedger:
 
     @contextmanager
     def heartbeats_paused(self) -> Iterator[None]:
-        """No beat from this object in the block: one writer per run while a stage runs, perhaps on another node
-        with its own copy of an object-store run (``runs.storage_sync``); the stage beats what it adopted."""
+        """No beat from this object in the block: one writer per run while a stage runs on another node with its
+        own copy of an object-store run (``runs.storage_sync``); the stage beats what it adopted."""
         for beat in self._heartbeats.values():
             beat.stop()
         try:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from dpsynth_core.runs.files import atomic_write_text
 from dpsynth_core.runs.lock import RunLock
 from dpsynth_core.runs.run_dir import MovedKeysRun
 from dpsynth_core.runs.release import release_dir, write_release
+from dpsynth_core.runs.storage import object_store_uri
 
 # Called with the run directory once its release is written: where a run report is written (`dpsynth report`).
 ReportHook = Callable[[Path], None]
@@ -100,8 +102,9 @@ def run_method(method: Method, *, resume: bool = True, runner: Runner = local_ru
 
 def _run_stages(method: Method, result: RunResult, stages: Sequence[Stage], runner: Runner,
                 markers: StageMarkers, ledger: PrivacyLedger) -> None:
-    """Each stage not yet done, in order. While a stage runs this process leaves the ledger alone (one writer
-    per run, perhaps on another node with its own copy of an object-store run): the stage beats what it adopted."""
+    """Each stage not yet done, in order. While a stage runs elsewhere on an object-store run, this process
+    leaves its copy of the ledger alone (one writer per run: the stage's node writes its own copy, which the
+    driver pulls after it): the stage beats what it adopted. A run on a shared file system beats as ever."""
     # release/ is written once the DP outputs are in place: before the first owner-side report stage, else
     # before the last stage's marker, so that a finished run (every marker) always has its release
     last = max(i for i, s in enumerate(stages) if not s.after_release)
@@ -110,7 +113,8 @@ def _run_stages(method: Method, result: RunResult, stages: Sequence[Stage], runn
             continue
         if stage.after_release and not result.release_dir.is_dir():
             _release(method, result)
-        with ledger.heartbeats_paused():
+        copies = object_store_uri(result.ledger_dir) is not None and not stage.in_driver
+        with ledger.heartbeats_paused() if copies else nullcontext():
             _run_stage(stage, method, result, runner, markers, release_first=i == last and i == len(stages) - 1)
         if method.stop_after() == stage.name:
             raise StageInterrupted(f"stopped after stage '{stage.name}' (stop_after_stage)")

@@ -7,8 +7,8 @@ over the budget (with what is recorded and what other runs hold) is refused then
 wherever it runs, takes the reservation over (``adopt_reservations``: its id is in ``stages/NAME.reserved``)
 and records against it; a DP-SGD stage trains with the reserved event's noise (``dpsgd.trainer.prepare_stage``).
 Whatever the stages did not record is given back when the loop ends (``release_reservations``).
-The loop's process beats its reservations (``reservations.Heartbeat``) except while a stage runs: then the
-stage is the run's one writer and beats what it adopted (``PrivacyLedger.heartbeats_paused``).
+The loop's process beats its reservations (``reservations.Heartbeat``), and the stage what it adopted; on an
+object-store run the loop pauses its beats while a stage runs on its own copy (``PrivacyLedger.heartbeats_paused``).
 A plan may be a generator: each event is held (and joins the ``PlanningView``) before the next is planned, so a
 stage's later event plans against its earlier ones (ACTG: the generator's DP-SGD fits what the features leave).
 
