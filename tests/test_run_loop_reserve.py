@@ -178,25 +178,31 @@ def test_while_a_stage_runs_only_the_stage_beats_its_reservation(tmp_path, monke
     assert [e.stage for e in ledger.entries()] == ["only"] and ledger.reservations() == []
 
 
+def _tiny_dpfair(tmp_path: Path, **budget):
+    """configs/dpfair_tiny_test.yaml (no DP domain, no marginals) in ``tmp_path/run``, its budget shares updated."""
+    import yaml
+
+    from dpsynth_core.tabular.config import load_dpfair_config
+
+    raw = yaml.safe_load((Path(__file__).resolve().parent.parent / "configs" / "dpfair_tiny_test.yaml").read_text())
+    raw["budget"].update(budget)
+    path = tmp_path / "dpfair.yaml"
+    path.write_text(yaml.safe_dump({**raw, "output_dir": str(tmp_path / "run")}))
+    return load_dpfair_config(path)
+
+
 def test_an_over_budget_dpfairllm_plan_is_refused_before_any_stage_runs(tmp_path, monkeypatch):
     """DPFairLLM's DP measurements plan their Gaussian histograms (DP domain, fairness tables, marginals): with a
     charge already in the run's ledger that leaves less than they need, the loop refuses the plan before the first
     stage; the old loop ran the prepare stage (drawing the working subset from the private file) first."""
-    import yaml
-
     from dpsynth_core.privacy import GaussianEvent
     from dpsynth_core.run_loop import open_run_ledger, run_method
     from dpsynth_core.tabular import pipeline
-    from dpsynth_core.tabular.config import load_dpfair_config
 
     ran: list = []
     for name in ("prepare", "fair_stats", "marginals", "model", "evaluate", "reference"):
         monkeypatch.setattr(pipeline, f"stage_{name}", lambda cfg, root, name=name: ran.append(name) or {})
-    raw = yaml.safe_load((Path(__file__).resolve().parent.parent / "configs" / "dpfair_tiny_test.yaml").read_text())
-    path = tmp_path / "dpfair.yaml"
-    raw["budget"]["fair_stats"] = 0.5  # epsilon 2 for the fairness tables (the tiny config has no DP domain)
-    path.write_text(yaml.safe_dump({**raw, "output_dir": str(tmp_path / "run")}))
-    method = pipeline.DpFairMethod(load_dpfair_config(path))
+    method = pipeline.DpFairMethod(_tiny_dpfair(tmp_path, fair_stats=0.5))  # epsilon 2 for the fairness tables
     ledger = open_run_ledger(tmp_path / "run", method.privacy_plan(), method.kind)
     ledger.record("earlier", GaussianEvent(noise_multiplier=1.1))  # 3.92 of epsilon 4
     before = ledger.entries()
@@ -204,3 +210,28 @@ def test_an_over_budget_dpfairllm_plan_is_refused_before_any_stage_runs(tmp_path
         run_method(method)
     assert ran == [] and ledger.entries() == before and ledger.reservations() == []
     assert not list((tmp_path / "run").glob("stages/*"))  # no marker, no reservation left for a stage
+
+
+def test_dpfairllm_reserves_its_dp_sgd_with_its_measurements_before_the_first_stage_runs(tmp_path, monkeypatch):
+    """The model stage's fill-budget DP-SGD, planned against what the DP measurements planned before it will
+    leave, is reserved with them before the first stage reads the private file; the old model stage reserved it
+    just before training, after three stages had read the data."""
+    from dpsynth_core.privacy import PrivacyLedger
+    from dpsynth_core.run_loop import run_method
+    from dpsynth_core.tabular import pipeline
+
+    class Stop(Exception):
+        pass
+
+    seen: list = []
+
+    def prepare(cfg, root):
+        seen.extend((r.stage, r.kind) for r in PrivacyLedger.open(root).reservations())
+        raise Stop
+
+    monkeypatch.setattr(pipeline, "stage_prepare", prepare)
+    with pytest.raises(Stop):
+        run_method(pipeline.DpFairMethod(_tiny_dpfair(tmp_path)))
+    assert seen == [("dp_fair_stats", "gaussian"), ("dpsgd", "dpsgd")]
+    ledger = PrivacyLedger.open(tmp_path / "run")
+    assert ledger.entries() == [] and ledger.reservations() == []  # given back when the run stopped
