@@ -47,7 +47,7 @@ from dpsynth_core.actg.config import STAGES_ACTG, ActgConfig, load_actg_config
 from dpsynth_core.actg.run_files import RunDir
 from dpsynth_core.actg.stages_post import (serve_app_needs_the_driver, stage_anchored_rl, stage_best_of_n,
                                            stage_generate, stage_reward_model, stage_synthesize)
-from dpsynth_core.actg.stages_private import stage_evaluate, stage_private, stage_schema
+from dpsynth_core.actg.stages_private import plan_private, stage_evaluate, stage_private, stage_schema
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.run_loop import open_run_ledger, resolve_delta, run_method
 from dpsynth_core.runs import open_run_dir
@@ -69,6 +69,8 @@ STAGE_DECLARATIONS = {  # name -> (function, privacy events it records, reads pr
     "evaluate": (stage_evaluate, (), True, False, True),  # owner-side, on held-out real rows
 }
 STAGE_FUNCTIONS = {name: decl[0] for name, decl in STAGE_DECLARATIONS.items()}
+# the events a stage will record, reserved by the run loop before the first stage runs (``run_loop.reserve``)
+STAGE_PLANS = {"private": plan_private}
 
 
 class ActgMethod(Method):
@@ -88,7 +90,8 @@ class ActgMethod(Method):
             fn, records, private, isolated, after = STAGE_DECLARATIONS[name]
             if name == "best_of_n" and self.serve_best_of_n is not None:  # keeps the stage's name for the runner
                 fn = functools.update_wrapper(functools.partial(fn, serve_best_of_n=self.serve_best_of_n), fn)
-            out.append(Stage(name, fn, records=records, reads_private=private, isolated=isolated, after_release=after))
+            out.append(Stage(name, fn, records=records, reads_private=private, isolated=isolated, after_release=after,
+                             plan=STAGE_PLANS.get(name)))
         return out
 
     def run_dir(self) -> Path:

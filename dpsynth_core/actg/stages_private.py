@@ -9,6 +9,7 @@ from pathlib import Path
 from dpsynth_core.actg.config import ActgConfig
 from dpsynth_core.actg.data_split import load_private_split
 from dpsynth_core.actg.run_files import RunDir, load_run_schema, set_torch_threads
+from dpsynth_core.run_loop.reserve import adopt_reservations
 
 
 def stage_schema(cfg: ActgConfig, root: str) -> dict:
@@ -28,6 +29,7 @@ def stage_private(cfg: ActgConfig, root: str) -> dict:
     set_torch_threads(cfg)
     rd = RunDir(Path(root))
     ledger = PrivacyLedger.open(rd.root)
+    adopt_reservations(ledger, rd.root, "private")  # the loop reserved plan_private's events: recorded against them
     train, _, public_size = load_private_split(cfg)
     texts = [str(t)[: cfg.data.max_chars] for t in train[cfg.data.text_col]]
     schema = load_run_schema(cfg, rd.root) if cfg.mode == "actg" else None
@@ -58,8 +60,47 @@ def stage_private(cfg: ActgConfig, root: str) -> dict:
     return {"features": rd.summary("features"), "dp_generator": rd.summary("dp_generator")}
 
 
+def plan_private(cfg: ActgConfig, ledger):
+    """The events ``stage_private`` will record, for the run loop to reserve before any stage runs
+    (``run_loop.reserve``): the features (AIM's rho under eps1, or the feature LM's DP-SGD), then the
+    generator's DP-SGD under eps2, each planned as the stage plans it, q from the public n_records. A
+    generator: the loop holds the features' event before the generator's is planned, so that the
+    generator's noise fits what the features leave (``ledger`` is the loop's ``PlanningView``). Nothing for
+    a part done or closed from its outputs (never charged again), a reference run, or direct prompting."""
+    from dpsynth_core.dpsgd.budget import plan_for_units
+
+    if cfg.is_reference:
+        return
+    rd, n = RunDir(cfg.resolved_run_dir()), cfg.data.n_records
+    if cfg.mode == "actg" and not rd.done("features") and not _features_closed(cfg, rd, ledger):
+        if cfg.features.generator != "dp_ft":
+            from dpsynth_core.actg.features import aim_rho
+            from dpsynth_core.privacy import ZCdpEvent
+
+            yield "features", ZCdpEvent(rho=aim_rho(cfg.epsilon_features, float(ledger.delta)))
+        elif not _adapter_written(rd.root / "feature_lm"):  # a trained feature LM is sampled again, not charged
+            dp = cfg.feature_lm_config(cfg.epsilon_features).model_copy(update={"public_num_units": n})
+            yield "features", plan_for_units(dp, n, False, ledger=ledger, stage="features").event()
+    if cfg.generator_mode == "dp_ft" and not rd.done("dp_generator") and not _generator_closed(cfg, rd, ledger):
+        dp = cfg.dpsgd_config(cfg.epsilon_generator).model_copy(update={"public_num_units": n})
+        yield "dp_generator", plan_for_units(dp, n, False, ledger=ledger, stage="dp_generator").event()
+
+
 def _ledger_has(ledger, stage: str) -> bool:
     return any(e.stage == stage for e in ledger.entries())
+
+
+def _adapter_written(out_dir: Path) -> bool:
+    return (out_dir / "adapter" / "adapter_config.json").is_file()
+
+
+def _features_closed(cfg: ActgConfig, rd: RunDir, ledger) -> bool:
+    """Charged and written, its marker lost (a crash between the two): closed from its outputs."""
+    return (_ledger_has(ledger, "features") or cfg.is_reference) and rd.features.is_file()
+
+
+def _generator_closed(cfg: ActgConfig, rd: RunDir, ledger) -> bool:
+    return (_ledger_has(ledger, "dp_generator") or cfg.is_reference) and _adapter_written(rd.generator)
 
 
 def _run_features(cfg: ActgConfig, rd: RunDir, schema, attrs: list[dict], ledger, public_size: int) -> dict:
@@ -69,7 +110,7 @@ def _run_features(cfg: ActgConfig, rd: RunDir, schema, attrs: list[dict], ledger
 
     from dpsynth_core.actg import features
 
-    if (_ledger_has(ledger, "features") or cfg.is_reference) and rd.features.is_file():
+    if _features_closed(cfg, rd, ledger):
         return {"closed_from_outputs": True}  # charged, written, marker lost: never re-charge
     real = pd.DataFrame(attrs, columns=schema.field_names)
     extra = {"generator": cfg.features.generator}
@@ -104,9 +145,8 @@ def _run_dp_generator(cfg: ActgConfig, rd: RunDir, schema, texts: list[str], att
         from dpsynth_core.actg.reference import record_direct_prompting
 
         return record_direct_prompting(cfg, ledger)
-    adapter = rd.generator / "adapter"
-    if (_ledger_has(ledger, "dp_generator") or cfg.is_reference) and (adapter / "adapter_config.json").is_file():
-        return {"adapter_dir": str(adapter), "closed_from_outputs": True}
+    if _generator_closed(cfg, rd, ledger):
+        return {"adapter_dir": str(rd.generator / "adapter"), "closed_from_outputs": True}
     examples = build_train_examples(texts, attrs, schema, cfg.template_text(),
                                     text_description=cfg.data.text_description)
     # q and delta from the public expected size: the drawn set's size must not reach the ledger

@@ -16,7 +16,7 @@ from dpsynth_core.config import load_config
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.pe.callbacks import Callback
 from dpsynth_core.pe.config import PEConfig
-from dpsynth_core.pe.stage import LLMFactory, check_plm_placements, execute, make_runner, stage_evolve
+from dpsynth_core.pe.stage import LLMFactory, check_plm_placements, execute, make_runner, plan_votes, stage_evolve
 from dpsynth_core.run_loop import open_run_ledger, run_method
 from dpsynth_core.run_loop.ledger import resolve_delta as delta_of_plan
 from dpsynth_core.runs import open_run_dir
@@ -57,7 +57,8 @@ class PEMethod(Method):
     def stages(self) -> list[Stage]:
         fn = functools.update_wrapper(functools.partial(stage_evolve, make_llms=self.make_llms,
                                                         callbacks=self.callbacks), stage_evolve)
-        return [Stage(self.config.method, fn, records=("gaussian", "post_processing"), reads_private=True)]
+        return [Stage(self.config.method, fn, records=("gaussian", "post_processing"), reads_private=True,
+                      plan=plan_votes)]
 
     def run_dir(self) -> Path:
         return Path(self.config.run_dir)

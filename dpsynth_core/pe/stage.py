@@ -20,7 +20,8 @@ from dpsynth_core.pe.embedding import Embedding, SentenceEmbedding
 from dpsynth_core.pe.evaluate import evaluate_synthetic
 from dpsynth_core.pe.llm import LLM
 from dpsynth_core.pe.prompts import load_prompts
-from dpsynth_core.pe.runner import PERunner, PrivateData
+from dpsynth_core.pe.runner import VOTE_STAGE, PERunner, PrivateData
+from dpsynth_core.run_loop.reserve import adopt_reservations
 from dpsynth_core.runs.files import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,18 @@ def stage_evolve(cfg: PEConfig, root: str, *, make_llms: LLMFactory, callbacks: 
     return {"iterations": cfg.iterations, "num_synthetic": len(state.population)}
 
 
+def plan_votes(cfg: PEConfig, ledger) -> list:
+    """The votes' one Gaussian event (T compositions at the calibrated noise, as ``PERunner._record_privacy``
+    records it), for the run loop to reserve before the stage runs (``run_loop.reserve``); none for a
+    reference run, or once recorded (a resumed run: every iteration is accounted)."""
+    from dpsynth_core.privacy.gaussian_histogram import histogram_event
+
+    stage = VOTE_STAGE[cfg.method]
+    if cfg.is_reference or any(e.stage == stage for e in ledger.entries()):
+        return []
+    return [(stage, histogram_event(cfg.epsilon, float(ledger.delta), cfg.iterations)[1])]
+
+
 def write_synthetic(run_dir: Path, state: RunState, names: list[str]) -> Path:
     pop = state.population
     rows = [json.dumps({"text": t, "label": y, "plm": names[k], "iteration": b}, ensure_ascii=False)
@@ -104,6 +117,7 @@ def execute(cfg: PEConfig, run_dir: Path, llms: Sequence[LLM], private: PrivateD
     from dpsynth_core.privacy import PrivacyLedger
 
     ledger = PrivacyLedger.open(run_dir)
+    adopt_reservations(ledger, run_dir, cfg.method)  # the loop reserved the votes (plan_votes): recorded against it
     cbs = [MetricsLogger(run_dir), CheckpointCallback(run_dir), *callbacks]
     runner = make_runner(cfg, llms, embedding, ledger, classes, cbs, run_dir)
     state = load_latest_checkpoint(run_dir) if resume else None

@@ -10,7 +10,7 @@ Small modules, each heavily tested:
 * ``ledger``      -- SQLite ledger per run directory, with budget refusal before any spend.
 """
 
-from dpsynth_core.privacy._validate import PrivacyParameterError, check_delta_for_size
+from dpsynth_core.privacy._validate import PrivacyParameterError, check_delta_for_size, default_delta
 from dpsynth_core.privacy.accountants import ACCOUNTANTS, calibrate_noise_multiplier, epsilon_dpsgd
 from dpsynth_core.privacy.composition import compose_epsilon, compose_with_details
 from dpsynth_core.privacy.events import (
@@ -23,7 +23,7 @@ from dpsynth_core.privacy.events import (
     event_from_dict,
 )
 from dpsynth_core.privacy.gaussian import calibrate_gaussian_noise, gaussian_epsilon
-from dpsynth_core.privacy.ledger import LEDGER_FILE, LedgerEntry, PrivacyLedger, default_delta
+from dpsynth_core.privacy.ledger import LEDGER_FILE, LedgerEntry, PrivacyLedger
 from dpsynth_core.privacy.zcdp import epsilon_to_zcdp, zcdp_to_epsilon
 
 __all__ = [

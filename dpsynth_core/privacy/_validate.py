@@ -72,3 +72,13 @@ def check_delta_for_size(delta: float, n: int, field: str = "delta") -> float:
             "(a delta that large permits releasing a record in the clear); leave it unset for the default min(1e-5, n^-1.1)"
         )
     return delta
+
+
+def default_delta(m: int) -> float:
+    """The default delta for a public working-set size ``m`` (records, or users): min(1e-5, m^-1.1).
+
+    m * delta, roughly the expected number of records a delta-event could expose, then stays below
+    m^-0.1 and below 1e-5 * m (the old 1/(m ln m) left m * delta = 1/ln m, 0.15 at m = 1,000)."""
+    if isinstance(m, bool) or not float(m).is_integer() or m < 2:
+        raise ConfigError(f"default_delta needs a data set size m >= 2, got {m!r}")
+    return min(1e-5, float(m) ** -1.1)

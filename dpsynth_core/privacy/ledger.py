@@ -55,6 +55,7 @@ from dpsynth_core.privacy.events import (
     ZCdpEvent,
     event_from_dict,
 )
+from dpsynth_core.privacy.ledger_render import render_ledger
 from dpsynth_core.privacy.reservations import (
     STALE_RULE,
     Heartbeat,
@@ -100,16 +101,6 @@ CREATE TABLE IF NOT EXISTS not_private (
     UNIQUE (stage, reason)
 );
 """
-
-
-def default_delta(m: int) -> float:
-    """The default delta for a public working-set size ``m`` (records, or users): min(1e-5, m^-1.1).
-
-    m * delta, roughly the expected number of records a delta-event could expose, then stays below
-    m^-0.1 and below 1e-5 * m (the old 1/(m ln m) left m * delta = 1/ln m, 0.15 at m = 1,000)."""
-    if isinstance(m, bool) or not float(m).is_integer() or m < 2:
-        raise ConfigError(f"default_delta needs a data set size m >= 2, got {m!r}")
-    return min(1e-5, float(m) ** -1.1)
 
 
 @dataclass(frozen=True)
@@ -362,11 +353,24 @@ class PrivacyLedger:
         return held
 
     def adopt(self, stage: str, reservation_id: int) -> None:
-        """Take over the live reservation another ledger object made for ``stage`` (the run loop's, for its stage)."""
+        """Take over the live reservation another ledger object made for ``stage`` (the run loop's, for its stage);
+        this object beats it from now on (on an object-store run the loop pauses its own: ``heartbeats_paused``)."""
         with closing(_connect(self.path)) as conn:
             if not any(r.id == reservation_id and r.stage == stage for r in live_reservations(conn)):
                 raise ConfigError(f"stage {stage!r}: the run's budget reservation {reservation_id} is gone")
         self._held[stage] = reservation_id
+        self._heartbeats[stage] = Heartbeat(self.path, reservation_id)
+
+    @contextmanager
+    def heartbeats_paused(self) -> Iterator[None]:
+        """No beat from this object in the block: one writer per run while a stage runs on another node with its
+        own copy of an object-store run (``runs.storage_sync``); the stage beats what it adopted."""
+        for beat in self._heartbeats.values():
+            beat.stop()
+        try:
+            yield
+        finally:
+            self._heartbeats = {stage: Heartbeat(self.path, rid) for stage, rid in self._held.items()}
 
     def held_event(self, stage: str):
         """The event this object holds a reservation for under ``stage`` (None when it holds none)."""
@@ -467,43 +471,5 @@ class PrivacyLedger:
         }
 
     def render(self, timestamps: bool = True) -> str:
-        """A human table: one row per event, then the composed total against the budget."""
-        import io
-
-        from rich.console import Console
-        from rich.table import Table
-
-        entries = self.entries()
-        total, method, _ = self._compose([e.event() for e in entries])
-        table = Table(title=f"privacy ledger: {self.dataset} (delta={self.delta:.3g})")
-        columns = (("#", "right"), ("stage", "left"), ("kind", "left"), ("params", "left"),
-                   ("eps alone", "right"), ("total after", "right")) + ((("time (UTC)", "left"),) if timestamps else ())
-        for name, justify in columns:
-            table.add_column(name, justify=justify)
-        for e in entries:
-            params = ", ".join(f"{k}={_fmt(v)}" for k, v in e.params.items()) or "-"
-            time = (e.timestamp.replace("+00:00", ""),) if timestamps else ()
-            table.add_row(str(e.id), e.stage, e.kind, params, f"{e.epsilon:.4f}", f"{e.total_epsilon_after:.4f}", *time)
-        buf = io.StringIO()
-        console = Console(file=buf, width=120, color_system=None, force_terminal=False)
-        console.print(table)
-        naive = sum(e.epsilon for e in entries)
-        for mark in self.not_private_reasons():
-            console.print(f"NOT PRIVATE ({mark['stage']}): {mark['reason']}", markup=False)
-        for held in self.reservations():
-            console.print(f"budget reserved by a running stage: {held.describe()}", markup=False)
-        console.print(
-            ("NOT PRIVATE, " if not self.is_private else "") + f"composed: epsilon={total:.4f} at delta={self.delta:.3g} (bound: {method}); "
-            f"budget {self.epsilon_budget:g}, remaining {max(0.0, self.epsilon_budget - total):.4f}; "
-            f"naive sum of eps {naive:.4f}"
-        )
-        m = self.public_size
-        if m:
-            console.print(f"m * delta = {m * self.delta:.3g} (m = {m}, the public working-set size; keep it well below 1)")
-        return buf.getvalue()
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
+        """A human table: one row per event, then the composed total against the budget (``ledger_render``)."""
+        return render_ledger(self, timestamps)

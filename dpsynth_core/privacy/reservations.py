@@ -137,10 +137,11 @@ def delete_reservation(conn: sqlite3.Connection, reservation_id: int) -> None:
 
 
 class Heartbeat:
-    """Refreshes a reservation's heartbeat from a daemon thread until ``stop()``."""
+    """Refreshes a reservation's heartbeat from a daemon thread until ``stop()``, or until its row is gone
+    (recorded, given back or cleared: nothing is left to keep alive)."""
 
-    def __init__(self, ledger_path: Path, reservation_id: int, every_s: float = HEARTBEAT_S) -> None:
-        self._path, self._id, self._every = ledger_path, reservation_id, every_s
+    def __init__(self, ledger_path: Path, reservation_id: int, every_s: float | None = None) -> None:
+        self._path, self._id, self._every = ledger_path, reservation_id, HEARTBEAT_S if every_s is None else every_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ledger-reservation-heartbeat", daemon=True)
         self._thread.start()
@@ -149,9 +150,11 @@ class Heartbeat:
         while not self._stop.wait(self._every):
             try:
                 with closing(sqlite3.connect(self._path, timeout=60.0, isolation_level=None)) as conn:
-                    conn.execute("UPDATE reservations SET heartbeat = ? WHERE id = ?", (time.time(), self._id))
+                    beat = conn.execute("UPDATE reservations SET heartbeat = ? WHERE id = ?", (time.time(), self._id))
             except sqlite3.Error:
-                pass  # a missed beat only makes the row look older to other hosts
+                continue  # a missed beat only makes the row look older to other hosts
+            if beat.rowcount == 0:
+                return
 
     def stop(self) -> None:
         self._stop.set()

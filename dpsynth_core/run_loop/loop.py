@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from dpsynth_core.runs.files import atomic_write_text
 from dpsynth_core.runs.lock import RunLock
 from dpsynth_core.runs.run_dir import MovedKeysRun
 from dpsynth_core.runs.release import release_dir, write_release
+from dpsynth_core.runs.storage import object_store_uri
 
 # Called with the run directory once its release is written: where a run report is written (`dpsynth report`).
 ReportHook = Callable[[Path], None]
@@ -90,7 +92,7 @@ def run_method(method: Method, *, resume: bool = True, runner: Runner = local_ru
         to_run = [s for s in stages if not s.done(markers)]
         held = reserve_planned(to_run, method.config, ledger, root)  # the whole plan, before any stage runs
         try:
-            _run_stages(method, result, stages, runner, markers)
+            _run_stages(method, result, stages, runner, markers, ledger)
         finally:
             release_reservations(ledger, held, root, to_run)
         for hook in report_hooks:  # the run report (`dpsynth report`) is written here
@@ -99,8 +101,10 @@ def run_method(method: Method, *, resume: bool = True, runner: Runner = local_ru
 
 
 def _run_stages(method: Method, result: RunResult, stages: Sequence[Stage], runner: Runner,
-                markers: StageMarkers) -> None:
-    """Each stage not yet done, in order."""
+                markers: StageMarkers, ledger: PrivacyLedger) -> None:
+    """Each stage not yet done, in order. While a stage runs elsewhere on an object-store run, this process
+    leaves its copy of the ledger alone (one writer per run: the stage's node writes its own copy, which the
+    driver pulls after it): the stage beats what it adopted. A run on a shared file system beats as ever."""
     # release/ is written once the DP outputs are in place: before the first owner-side report stage, else
     # before the last stage's marker, so that a finished run (every marker) always has its release
     last = max(i for i, s in enumerate(stages) if not s.after_release)
@@ -109,7 +113,9 @@ def _run_stages(method: Method, result: RunResult, stages: Sequence[Stage], runn
             continue
         if stage.after_release and not result.release_dir.is_dir():
             _release(method, result)
-        _run_stage(stage, method, result, runner, markers, release_first=i == last and i == len(stages) - 1)
+        copies = object_store_uri(result.ledger_dir) is not None and not stage.in_driver
+        with ledger.heartbeats_paused() if copies else nullcontext():
+            _run_stage(stage, method, result, runner, markers, release_first=i == last and i == len(stages) - 1)
         if method.stop_after() == stage.name:
             raise StageInterrupted(f"stopped after stage '{stage.name}' (stop_after_stage)")
 

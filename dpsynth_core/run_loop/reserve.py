@@ -7,6 +7,10 @@ over the budget (with what is recorded and what other runs hold) is refused then
 wherever it runs, takes the reservation over (``adopt_reservations``: its id is in ``stages/NAME.reserved``)
 and records against it; a DP-SGD stage trains with the reserved event's noise (``dpsgd.trainer.prepare_stage``).
 Whatever the stages did not record is given back when the loop ends (``release_reservations``).
+The loop's process beats its reservations (``reservations.Heartbeat``), and the stage what it adopted; on an
+object-store run the loop pauses its beats while a stage runs on its own copy (``PrivacyLedger.heartbeats_paused``).
+A plan may be a generator: each event is held (and joins the ``PlanningView``) before the next is planned, so a
+stage's later event plans against its earlier ones (ACTG: the generator's DP-SGD fits what the features leave).
 
 A stage without a plan records as before: DP-SGD reserves its own event just before it trains, every other
 mechanism's record checks the budget.

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import socket
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -36,7 +36,8 @@ EVENT_KINDS = ("gaussian", "zcdp", "dpsgd", "post_processing")
 
 StageFn = Callable[[Any, str], "dict | None"]
 # (config, ledger) -> [(ledger stage, event)]: the privacy events a stage will record, known before it runs
-PlanFn = Callable[[Any, Any], "list[tuple[str, Any]]"]
+# (a list, or a generator: each event is reserved before the next is planned, see run_loop.reserve)
+PlanFn = Callable[[Any, Any], Iterable[tuple[str, Any]]]
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from dpsynth_core.tabular import private_data
 from dpsynth_core.tabular.config import AimConfig
 from dpsynth_core.tabular.run_schema import resolved_schema
 from dpsynth_core.tabular.schema import load_schema
-from dpsynth_core.tabular.stages_dp import prepare_domain
+from dpsynth_core.tabular.stages_dp import plan_domain, prepare_domain
 
 NO_NOISE_AIM = "AIM: the private rows resampled, no noise (epsilon = inf reference run)"
 
@@ -48,13 +48,7 @@ def stage_prepare(cfg: AimConfig, root: str) -> dict:
 
 def plan_prepare(cfg: AimConfig, ledger) -> list:
     """The DP domain's Gaussian histograms, one per unresolved `domain: dp` column (none: nothing spent)."""
-    from dpsynth_core.privacy.gaussian_histogram import histogram_event
-
-    todo = [c for c in _schema(cfg).columns if c.domain == "dp" and not c.resolved()]
-    share = cfg.epsilon_share(cfg.budget.domain)
-    if cfg.is_reference or not todo or share <= 0:  # a zero share is refused by the stage, naming the columns
-        return []
-    return [("dp_domain", histogram_event(share, ledger.delta, len(todo))[1])]
+    return plan_domain(cfg, ledger, _schema(cfg))
 
 
 def plan_aim(cfg: AimConfig, ledger) -> list:

@@ -174,9 +174,7 @@ def dp_marginals(df: pd.DataFrame, schema: TableSchema, *, epsilon: float, ledge
     for name in anchors:
         if not schema.column(name).is_categorical:
             raise ConfigError(f"DP pair marginals: '{name}' must be a categorical column")
-    pairs: list[tuple[str, str]] = []
-    for i, anchor in enumerate(anchors):  # a pair of two anchors is released once, with the earlier one
-        pairs += [(c.name, anchor) for c in schema.columns if c.name != anchor and c.name not in anchors[:i]]
+    pairs = marginal_pairs(schema, anchors)
     sigma, event = _mechanism(epsilon, ledger, len(schema.columns) + len(pairs), stage)
     codes: dict[str, tuple[np.ndarray, int]] = {}
     out: dict[str, dict] = {}
@@ -210,6 +208,14 @@ def dp_marginals(df: pd.DataFrame, schema: TableSchema, *, epsilon: float, ledge
                                          **({"pairs_with": anchors, "pairs": len(pairs)} if pairs else {}),
                                          **({"pair_bins": pair_bins} if pairs and pair_bins else {})})
     return out
+
+
+def marginal_pairs(schema: TableSchema, anchors: Sequence[str]) -> list[tuple[str, str]]:
+    """The 2-way tables ``dp_marginals`` releases with ``pairs_with=anchors``: (column, anchor), each pair once."""
+    pairs: list[tuple[str, str]] = []
+    for i, anchor in enumerate(anchors):  # a pair of two anchors is released once, with the earlier one
+        pairs += [(c.name, anchor) for c in schema.columns if c.name != anchor and c.name not in anchors[:i]]
+    return pairs
 
 
 def _binned(values: pd.Series, col, bins: int) -> tuple[np.ndarray, np.ndarray]:

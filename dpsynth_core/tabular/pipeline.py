@@ -43,8 +43,9 @@ from dpsynth_core.tabular import private_data
 from dpsynth_core.tabular.config import DpFairConfig
 from dpsynth_core.tabular.run_schema import public_schema
 from dpsynth_core.tabular.schema import TableSchema
-from dpsynth_core.tabular.stages_dp import stage_fair_stats, stage_marginals, stage_prepare
-from dpsynth_core.tabular.stages_model import stage_model
+from dpsynth_core.tabular.stages_dp import (plan_fair_stats, plan_marginals, plan_prepare, stage_fair_stats,
+                                             stage_marginals, stage_prepare)
+from dpsynth_core.tabular.stages_model import plan_model, stage_model
 from dpsynth_core.tabular.stages_report import stage_evaluate, stage_reference
 
 STAGES = ["prepare", "fair_stats", "marginals", "train", "generate", "release", "evaluate", "reference"]
@@ -73,11 +74,13 @@ class DpFairMethod(Method):
 
     def stages(self) -> list[Stage]:
         light = {"reads_private": True, "in_driver": True}  # only the model stage is placed by the runner
-        every = [Stage("prepare", stage_prepare, records=("gaussian",), **light),
-                 Stage("fair_stats", stage_fair_stats, records=("gaussian",), **light),
-                 Stage("marginals", stage_marginals, records=("gaussian",), **light),
+        # each DP stage plans its events, reserved before the first stage runs (run_loop.reserve); the model
+        # stage's fill-budget DP-SGD plans against what the measurements planned before it will leave
+        every = [Stage("prepare", stage_prepare, records=("gaussian",), plan=plan_prepare, **light),
+                 Stage("fair_stats", stage_fair_stats, records=("gaussian",), plan=plan_fair_stats, **light),
+                 Stage("marginals", stage_marginals, records=("gaussian",), plan=plan_marginals, **light),
                  Stage("model", stage_model, records=("dpsgd", "post_processing"), reads_private=True,
-                       marks=("train", "generate")),
+                       marks=("train", "generate"), plan=plan_model),
                  Stage("evaluate", stage_evaluate, after_release=True, **light),
                  Stage("reference", stage_reference, after_release=True, **light)]
         wanted = set(stages_to_run(self.config, public_schema(self.config)))

@@ -56,11 +56,12 @@ def stage_fair_stats(cfg: DpFairConfig, root: str) -> dict:
     from dpsynth_core.tabular.dp_domain import dp_group_label_tables
     from dpsynth_core.tabular.fairness import FairnessTargets, dump_targets
 
-    run = Path(root)
+    run, ledger = Path(root), run_ledger(Path(root))
+    adopt_reservations(ledger, run, "fair_stats")  # the loop reserved plan_fair_stats' event: recorded against it
     schema = resolved_schema(run)
     attributes = sensitive_columns(cfg, schema)
     private = private_data.load_private(cfg, run, schema)
-    counts = dp_group_label_tables(private, schema, attributes, epsilon=cfg.epsilon_share(cfg.budget.fair_stats), ledger=run_ledger(run))
+    counts = dp_group_label_tables(private, schema, attributes, epsilon=cfg.epsilon_share(cfg.budget.fair_stats), ledger=ledger)
     targets = [FairnessTargets.from_counts(counts[a], a, target_y=cfg.fairness.target_y) for a in attributes]
     atomic_write_text(run / "fair_targets.json", dump_targets(targets))
     return {"sensitive": attributes}
@@ -71,17 +72,55 @@ def stage_marginals(cfg: DpFairConfig, root: str) -> dict:
     the targets of ``generation.calibrate``."""
     from dpsynth_core.tabular.dp_domain import dp_marginals
 
-    run = Path(root)
+    run, ledger = Path(root), run_ledger(Path(root))
+    adopt_reservations(ledger, run, "marginals")  # the loop reserved plan_marginals' event: recorded against it
     schema = resolved_schema(run)
     private = private_data.load_private(cfg, run, schema)
     pairs_with = pair_anchors(cfg, schema)
-    marginals = dp_marginals(private, schema, epsilon=cfg.epsilon_share(cfg.budget.marginals), ledger=run_ledger(run),
+    marginals = dp_marginals(private, schema, epsilon=cfg.epsilon_share(cfg.budget.marginals), ledger=ledger,
                              bins=cfg.training.public_stage.marginal_bins, pairs_with=pairs_with)
     atomic_write_text(run / MARGINALS_FILE, json.dumps(marginals, indent=1))
     strata = run_strata(cfg, run, schema)
     write_resolved_config(cfg, run)
     return {"columns": [c for c in marginals if c != "pairs"], **({"pairs_with": pairs_with} if pairs_with else {}),
             **({"stratify": list(strata)} if strata else {})}
+
+
+# ---- plans: each DP stage's Gaussian histograms, reserved by the run loop before any stage runs --------
+# (``run_loop.reserve``). The counts come from the public schema: the stages' resolved schema differs only
+# in the DP domain's categories and bounds, never in its columns, target or sensitive attributes.
+def plan_domain(cfg: TableRunConfig, ledger, schema: TableSchema) -> list:
+    """The DP domain's histograms, one per unresolved `domain: dp` column of ``schema`` (none: nothing spent)."""
+    return _histograms("dp_domain", cfg, ledger, cfg.budget.domain,
+                       sum(c.domain == "dp" and not c.resolved() for c in schema.columns))
+
+
+def plan_prepare(cfg: DpFairConfig, ledger) -> list:
+    return plan_domain(cfg, ledger, public_schema(cfg))
+
+
+def plan_fair_stats(cfg: DpFairConfig, ledger) -> list:
+    """One (A, Y) table per sensitive attribute (``dp_group_label_tables``)."""
+    return _histograms("dp_fair_stats", cfg, ledger, cfg.budget.fair_stats,
+                       len(sensitive_columns(cfg, public_schema(cfg))))
+
+
+def plan_marginals(cfg: DpFairConfig, ledger) -> list:
+    """One histogram per column and per 2-way table (``dp_marginals``)."""
+    from dpsynth_core.tabular.dp_domain import marginal_pairs
+
+    schema = public_schema(cfg)
+    return _histograms("dp_marginals", cfg, ledger, cfg.budget.marginals,
+                       len(schema.columns) + len(marginal_pairs(schema, pair_anchors(cfg, schema))))
+
+
+def _histograms(stage: str, cfg: TableRunConfig, ledger, fraction: float, histograms: int) -> list:
+    from dpsynth_core.privacy.gaussian_histogram import histogram_event
+
+    share = cfg.epsilon_share(fraction)
+    if cfg.is_reference or not histograms or share <= 0:  # nothing spent, or refused by the stage as before
+        return []
+    return [(stage, histogram_event(share, ledger.delta, histograms)[1])]
 
 
 def released_tables(run: Path) -> tuple[dict, float]:

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from dpsynth_core.errors import ConfigError
+from dpsynth_core.run_loop.reserve import adopt_reservations
 from dpsynth_core.runs import StageMarkers
 from dpsynth_core.runs.files import atomic_write_text
 from dpsynth_core.tabular import private_data
@@ -88,10 +89,43 @@ def _public_stage(cfg: DpFairConfig, run: Path, schema: TableSchema) -> tuple[st
     return str(out / "model"), {"key": key, **summary}
 
 
+def dpsgd_config(cfg: DpFairConfig, base_model: str, ledger):
+    """DP-SGD is the last DP stage: start from what the ledger leaves by plain subtraction, then fill_budget
+    lowers the noise until the ledger's (sub-additive) composed total reaches the budget."""
+    from dpsynth_core.dpsgd import DpSgdConfig
+
+    t = cfg.training
+    return DpSgdConfig(
+        model=base_model, lora=t.lora, steps=t.steps,
+        epsilon=math.inf if cfg.is_reference else ledger.remaining_epsilon() * 0.995,
+        expected_batch_size=t.expected_batch_size, physical_batch_size=t.physical_batch_size,
+        learning_rate=t.learning_rate, max_grad_norm=t.max_grad_norm, clipping=t.clipping,  # type: ignore[arg-type]
+        max_seq_len=t.max_seq_len, seed=t.seed, torch_threads=t.torch_threads, fill_budget=True,
+        device=cfg.placement.device, dtype=cfg.placement.dtype,
+        public_num_units=private_data.public_size(cfg),  # q from m: the drawn size stays out of the ledger
+    )
+
+
+def plan_model(cfg: DpFairConfig, ledger) -> list:
+    """The DP-SGD event ``_train`` will record, for the run loop to reserve before any stage runs
+    (``run_loop.reserve``): planned as the stage plans it, against what the ledger will leave once the DP
+    measurements (planned before it) are recorded. Its LoRA targets are checked on ``training.model``, the
+    architecture of stage 1's merged model. None for a reference run, or once trained or charged (a resume)."""
+    from dpsynth_core.dpsgd.budget import plan_for_units
+
+    charged = any(e.stage == "dpsgd" for e in ledger.entries())
+    if cfg.is_reference or charged or StageMarkers(cfg.run_dir()).done("train"):
+        return []
+    m = private_data.public_size(cfg)
+    return [("dpsgd", plan_for_units(dpsgd_config(cfg, cfg.training.model, ledger), m, False, ledger=ledger,
+                                     stage="dpsgd").event())]
+
+
 def _train(cfg: DpFairConfig, run: Path, schema: TableSchema, ser, base_model: str) -> dict:
-    from dpsynth_core.dpsgd import DpSgdConfig, TrainExample, train_dp_lora
+    from dpsynth_core.dpsgd import TrainExample, train_dp_lora
 
     t, ledger = cfg.training, run_ledger(run)
+    adopt_reservations(ledger, run, "model")  # the loop reserved plan_model's event: trained with its noise
     private = private_data.load_private(cfg, run, schema)
     examples = [TrainExample(prompt=p, target=x) for p, x in ser.examples(private)]
     penalty = eo = None
@@ -108,17 +142,7 @@ def _train(cfg: DpFairConfig, run: Path, schema: TableSchema, ser, base_model: s
             eo = GeneratedRowsEO(constraint, [x.sensitive for x in targets], targets[0].label_prior or targets[0].target_y,
                                  rows=f.eo_rows, refresh_every=f.eo_refresh_every, seed=t.seed)
         penalty = FairnessPenalty(constraint, schema, targets, f.lambda_dp, f.lambda_reweigh, f.lambda_eo, eo=eo)
-    # DP-SGD is the last DP stage: start from what is left by plain subtraction, then fill_budget
-    # lowers the noise until the ledger's (sub-additive) composed total reaches the budget.
-    dcfg = DpSgdConfig(
-        model=base_model, lora=t.lora, steps=t.steps,
-        epsilon=math.inf if cfg.is_reference else ledger.remaining_epsilon() * 0.995,
-        expected_batch_size=t.expected_batch_size, physical_batch_size=t.physical_batch_size,
-        learning_rate=t.learning_rate, max_grad_norm=t.max_grad_norm, clipping=t.clipping,  # type: ignore[arg-type]
-        max_seq_len=t.max_seq_len, seed=t.seed, torch_threads=t.torch_threads, fill_budget=True,
-        device=cfg.placement.device, dtype=cfg.placement.dtype,
-        public_num_units=private_data.public_size(cfg),  # q from m: the drawn size stays out of the ledger
-    )
+    dcfg = dpsgd_config(cfg, base_model, ledger)
     if cfg.is_reference:  # epsilon = inf (not_private: true): the same training, sigma = 0, no clipping
         from dpsynth_core.dpsgd.noiseless import train_noiseless_lora
 
