@@ -15,7 +15,7 @@ def _method(tmp_path: Path, sigma: float, seen: list):
     notes the reservations it finds when it starts."""
     from dpsynth_core.privacy import GaussianEvent, PrivacyLedger
     from dpsynth_core.run_loop.reserve import adopt_reservations
-    from dpsynth_core.runs.contract import Method, PrivacyPlan, Stage
+    from dpsynth_core.runs.contract import Stage
 
     event = GaussianEvent(noise_multiplier=sigma)
 
@@ -28,12 +28,20 @@ def _method(tmp_path: Path, sigma: float, seen: list):
             return {}
         return run
 
-    class TwoCounts(Method):
+    stages = [Stage(n, count(n), records=("gaussian",), reads_private=True, plan=lambda cfg, ledger, n=n: [(n, event)])
+              for n in ("first", "second")]
+    return _toy_method(tmp_path, stages, {"sigma": sigma})
+
+
+def _toy_method(tmp_path: Path, stages: list, identity: dict):
+    """A method of the given stages on no data, its run in ``tmp_path/run``, a budget of ε = 1 at m = 100."""
+    from dpsynth_core.runs.contract import Method, PrivacyPlan
+
+    class Toy(Method):
         kind = "toy"
 
         def stages(self):
-            return [Stage(n, count(n), records=("gaussian",), reads_private=True, plan=lambda cfg, ledger, n=n: [(n, event)])
-                    for n in ("first", "second")]
+            return stages
 
         def run_dir(self):
             return tmp_path / "run"
@@ -45,9 +53,9 @@ def _method(tmp_path: Path, sigma: float, seen: list):
             return {}
 
         def identity(self):
-            return {"sigma": sigma}, ()
+            return identity, ()
 
-    return TwoCounts(None)
+    return Toy(None)
 
 
 def test_a_plan_over_the_budget_is_refused_before_any_stage_runs(tmp_path):
@@ -136,7 +144,7 @@ def test_while_a_stage_runs_only_the_stage_beats_its_reservation(tmp_path, monke
     from dpsynth_core.privacy import GaussianEvent, PrivacyLedger, reservations
     from dpsynth_core.run_loop import loop, run_method
     from dpsynth_core.run_loop.reserve import adopt_reservations
-    from dpsynth_core.runs.contract import Method, PrivacyPlan, Stage
+    from dpsynth_core.runs.contract import Stage
 
     monkeypatch.setattr(reservations, "HEARTBEAT_S", 0.05)
     monkeypatch.setattr(loop, "object_store_uri", lambda path: "s3://bucket/run")  # the loop sees an object-store run
@@ -154,25 +162,8 @@ def test_while_a_stage_runs_only_the_stage_beats_its_reservation(tmp_path, monke
         ledger.record("only", event)
         return {}
 
-    class OneCount(Method):
-        kind = "toy"
-
-        def stages(self):
-            return [Stage("only", run, records=("gaussian",), reads_private=True, plan=lambda cfg, ledger: [("only", event)])]
-
-        def run_dir(self):
-            return tmp_path / "run"
-
-        def privacy_plan(self):
-            return PrivacyPlan("toy", 1.0, None, 100)
-
-        def release_items(self, root):
-            return {}
-
-        def identity(self):
-            return {"toy": 1}, ()
-
-    ledger = run_method(OneCount(None)).ledger
+    only = Stage("only", run, records=("gaussian",), reads_private=True, plan=lambda cfg, ledger: [("only", event)])
+    ledger = run_method(_toy_method(tmp_path, [only], {"toy": 1})).ledger
     ((first, paused, adopted),) = seen
     assert paused == first and adopted > paused
     assert [e.stage for e in ledger.entries()] == ["only"] and ledger.reservations() == []
