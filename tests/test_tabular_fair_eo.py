@@ -1,7 +1,7 @@
 """The equalized-odds regularizer (tabular.fair_eo): zero exactly at equal conditional rates, bounded,
 its per-example surrogate carries exactly its gradient, and that gradient moves the rates together.
 
-The old "EO" term was a reweighing towards independence of Y and A (now ``lambda_reweigh``); these
+The old "EO" term was a reweighing towards independence of Y and A (``lambda_reweigh``, since removed); these
 tests need ``eo_objective`` / ``eo_surrogate`` / ``GeneratedRowsEO``, which the old code lacks.
 """
 

@@ -168,6 +168,19 @@ def test_a_removed_knob_is_an_error_naming_it(tmp_path, section, key, value):
         load_dpfair_config(tmp_path / "old.yaml")
 
 
+def test_lambda_reweigh_is_removed_a_config_naming_it_exits_2_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    raw = yaml.safe_load((REPO / "configs" / "dpfair_eps4_1000.yaml").read_text())
+    raw["output_dir"] = str(tmp_path / "run")
+    raw["fairness"] = {**raw["fairness"], "lambda_reweigh": 0.0}  # even at its old default (off)
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"fairness\.lambda_reweigh was removed"):
+        load_dpfair_config(tmp_path / "old.yaml")
+    assert _cli(monkeypatch, "run", "dpfair", "--config", str(tmp_path / "old.yaml")) == 2
+    err = capsys.readouterr().err
+    assert "fairness.lambda_reweigh was removed" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
 def _cli(monkeypatch, *args) -> int:
     from dpsynth.cli.main import app
 

@@ -284,22 +284,27 @@ class FairnessSettings(StrictConfig):
 
     lambda_dp: demographic-parity group shift; lambda_eo: the equalized-odds regularizer (its
     constants from rows the model being trained generates, ``eo_rows`` every ``eo_refresh_every``
-    steps); lambda_reweigh: Kamiran-Calders reweighing of the label token (independence of Y and A,
-    not equalized odds). Each weight is one number for every attribute or ``{attribute: weight}``.
+    steps). Each weight is one number for every attribute or ``{attribute: weight}``.
     """
 
     lambda_dp: Weight = 0.0
-    lambda_reweigh: Weight = 0.0
     lambda_eo: Weight = 0.0
     sensitive: str | list[str] | None = None  # default: the schema's first sensitive attribute
     target_y: dict[str, float] | None = None  # public target P(Y); default: DP-estimated P(Y)
     eo_rows: int = Field(32, ge=4, le=4096)
     eo_refresh_every: int = Field(5, ge=1, le=10_000)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, raw):
+        return _refuse_removed(raw, "fairness", {
+            "lambda_reweigh": "reweighing towards independence of Y and A, which no shipped config used; "
+                              "lambda_dp and lambda_eo remain"})
+
     @model_validator(mode="after")
     def _check(self):
         _one_or_many(self.sensitive)
-        for name in ("lambda_dp", "lambda_reweigh", "lambda_eo"):
+        for name in ("lambda_dp", "lambda_eo"):
             value = getattr(self, name)
             values = value.values() if isinstance(value, dict) else [value]
             if any(v < 0 for v in values):
@@ -325,7 +330,7 @@ class FairnessSettings(StrictConfig):
 
     @property
     def enabled(self) -> bool:
-        return any(self.any_weight(name) for name in ("dp", "reweigh", "eo"))
+        return any(self.any_weight(name) for name in ("dp", "eo"))
 
 
 class TablePrivacy(StrictConfig):

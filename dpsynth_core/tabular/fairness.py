@@ -5,8 +5,7 @@ Notation: row i has sensitive values a_i = (a_i^1, ..., a_i^K) (one per attribut
 token cross-entropies, ``dpsgd.data.per_example_loss``); p_i = p_theta(Y | row i before the label) is
 the generator's distribution over the labels' first tokens (renormalised over the labels); q(Y | x, a)
 is the data's label distribution in context (x, a). Per attribute k, from a public or DP-estimated
-|A^k| x |Y| table: r_k[a, y] = P(y | A^k = a), t[y] = P(y) (or a user-given target), w_k[a, y] =
-P(y) / P(y | a). Row i's penalty is the SUM over attributes of the terms below, each with its own
+|A^k| x |Y| table: r_k[a, y] = P(y | A^k = a), t[y] = P(y) (or a user-given target). Row i's penalty is the SUM over attributes of the terms below, each with its own
 weight (``lambda_*: {attribute: weight}``) or one shared weight; every term is divided by n_i, so it
 acts on the label token's scale whatever the row's token count.
 
@@ -23,11 +22,6 @@ acts on the label token's scale whatever the row's token count.
   the attributes are independent (then each attribute's gap is multiplied by 1 - lambda_dp^k).
   log p is floored at log(1e-4), so the term is bounded and a context whose q is below the shift
   is left at the floor (there the group rate moves less than the formula says).
-* **Reweighing term**  ``(k_i / n_i) * (-log p_i(y_i))`` with
-  k_i = max(-1, sum_k lambda_reweigh^k (w_k[a_i^k, y_i] - 1)): the label token's cross entropy
-  reweighed by 1 + k_i >= 0 (Kamiran-Calders at lambda_reweigh = 1, one attribute), whose optimum
-  tilts each group's label odds by a constant factor, p*(y | x, a) proportional to (1 + k[a, y])
-  q(y | x, a); bounded below. It targets independence of Y and A, NOT equalized odds.
 * **Equalized-odds term**  ``(1 / n_i) sum_k lambda_eo^k s_i^k`` with the per-example surrogate of
   ``tabular.fair_eo``: its mean gradient is that of R_k = 1/2 sum_y sum_a P(a | y)
   ||P(Y_hat | A^k = a, Y = y) - P(Y_hat | Y = y)||^2, the spread over groups of the generator's
@@ -37,7 +31,7 @@ acts on the label token's scale whatever the row's token count.
 The old DP term, lambda * CE(t, p_i) for every row, had the optimum (q + n_i lambda t) / (1 + n_i lambda):
 every context pulled to one global t, which erased P(Y | x) (TSTR F1 ~ 0 at epsilon = 4).
 
-**Privacy argument.** Each term is a function of row i's own tokens and of constants (r, t, w, mu)
+**Privacy argument.** Each term is a function of row i's own tokens and of constants (r, t, mu)
 that are public, released by an accounted DP mechanism
 (:func:`dpsynth_core.tabular.dp_domain.dp_group_label_tables`, Gaussian histograms recorded in the
 ledger) or computed from rows the DP model generates; using them is post-processing. No term looks
@@ -62,7 +56,7 @@ from dpsynth_core.tabular.schema import TableSchema
 
 
 LOG_FLOOR = -9.21  # log(1e-4): the DP term stops pushing a label's probability below this
-TERMS = ("dp", "reweigh", "eo")
+TERMS = ("dp", "eo")
 
 
 @dataclass
@@ -72,29 +66,27 @@ class FairnessTargets:
     sensitive: str
     labels: list[str]
     target_y: dict[str, float]  # t: group-independent target P(Y)
-    weights: dict[str, dict[str, float]]  # w[a][y] = P(y) / P(y | a)
     group_rates: dict[str, dict[str, float]] | None = None  # r[a][y] = P(y | a); None: t (no shift)
     label_prior: dict[str, float] | None = None  # P(Y) of the (DP) table, whatever target_y says
     counts: dict[str, dict[str, float]] | None = None  # the (DP) table itself: pooled with the run's other releases
 
     @classmethod
     def from_counts(
-        cls, counts: dict[str, dict[str, float]], sensitive: str, *, target_y: dict[str, float] | None = None, w_max: float = 5.0
+        cls, counts: dict[str, dict[str, float]], sensitive: str, *, target_y: dict[str, float] | None = None
     ) -> FairnessTargets:
-        """Build t, r and w from a (DP-estimated or public) contingency table counts[a][y]."""
+        """Build t and r from a (DP-estimated or public) contingency table counts[a][y]."""
         groups = list(counts)
         labels = list(next(iter(counts.values())))
         total = sum(max(counts[a][y], 0.0) for a in groups for y in labels)
         p_y = {y: sum(max(counts[a][y], 0.0) for a in groups) / total for y in labels}
-        weights, rates = {}, {}
+        rates = {}
         for a in groups:
             n_a = sum(max(v, 0.0) for v in counts[a].values())
             rates[a] = {y: (max(counts[a][y], 0.0) / n_a if n_a > 0 else p_y[y]) for y in labels}
-            weights[a] = {y: float(min(w_max, p_y[y] / max(rates[a][y], 1e-6))) for y in labels}
         t = dict(target_y) if target_y else p_y
         if set(t) != set(labels) or abs(sum(t.values()) - 1.0) > 1e-6:
             raise ConfigError(f"fairness target_y must give a probability for each label {labels} summing to 1")
-        return cls(sensitive=sensitive, labels=labels, target_y=t, weights=weights, group_rates=rates, label_prior=p_y,
+        return cls(sensitive=sensitive, labels=labels, target_y=t, group_rates=rates, label_prior=p_y,
                    counts={a: {y: float(counts[a][y]) for y in labels} for a in groups})
 
     def shift(self, group: str) -> dict[str, float]:
@@ -115,9 +107,11 @@ def dump_targets(targets: Sequence[FairnessTargets]) -> str:
 
 
 def load_targets(text: str) -> list[FairnessTargets]:
-    """Read ``fair_targets.json`` (also the one-attribute form written before several were allowed)."""
+    """Read ``fair_targets.json`` (also the one-attribute form written before several were allowed, and the
+    reweighing weights that files written before lambda_reweigh's removal hold, now unused)."""
     raw = json.loads(text)
-    return [FairnessTargets(**t) for t in (raw["attributes"] if "attributes" in raw else [raw])]
+    return [FairnessTargets(**{k: v for k, v in t.items() if k != "weights"})
+            for t in (raw["attributes"] if "attributes" in raw else [raw])]
 
 
 def _per_attribute(weight: float | dict[str, float], attributes: list[str], name: str) -> dict[str, float]:
@@ -138,8 +132,7 @@ class FairnessPenalty:
     """
 
     def __init__(self, constraint: RowConstraint, schema: TableSchema, targets: FairnessTargets | Sequence[FairnessTargets],
-                 lambda_dp: float | dict[str, float] = 0.0, lambda_reweigh: float | dict[str, float] = 0.0,
-                 lambda_eo: float | dict[str, float] = 0.0, *, eo=None):
+                 lambda_dp: float | dict[str, float] = 0.0, lambda_eo: float | dict[str, float] = 0.0, *, eo=None):
         if schema.target is None:
             raise ConfigError(f"schema '{schema.name}': the fairness penalty needs a target column")
         self.targets = {t.sensitive: t for t in ([targets] if isinstance(targets, FairnessTargets) else targets)}
@@ -149,7 +142,7 @@ class FairnessPenalty:
                 raise ConfigError(f"schema '{schema.name}': unknown sensitive column '{a}'")
         self.c, self.schema = constraint, schema
         self.lam = {name: _per_attribute(w, self.attributes, name)
-                    for name, w in zip(TERMS, (lambda_dp, lambda_reweigh, lambda_eo))}
+                    for name, w in zip(TERMS, (lambda_dp, lambda_eo))}
         if any(self.lam["eo"].values()) and eo is None:
             raise ConfigError("the equalized-odds term needs its generated-rows constants (tabular.fair_eo.GeneratedRowsEO)")
         self.eo = eo
@@ -207,19 +200,14 @@ class FairnessPenalty:
     def row_term(self, logp: torch.Tensor, groups: dict[str, str], label: str) -> torch.Tensor:
         """The penalty of one row times n_i (``logp``: its label log-probabilities)."""
         term = logp.new_zeros(())
-        reweigh = 0.0
         for a in self.attributes:
             group, lam = groups[a], {name: self.lam[name][a] for name in TERMS}
             if lam["dp"]:
                 shift = self.targets[a].shift(group)
                 c = torch.tensor([shift[y] for y in self.labels], dtype=logp.dtype, device=logp.device)
                 term = term + lam["dp"] * (c * logp.clamp(min=LOG_FLOOR)).sum()
-            if lam["reweigh"]:
-                reweigh += lam["reweigh"] * (self.targets[a].weights[group][label] - 1.0)
             if lam["eo"]:
                 term = term + lam["eo"] * self.eo.term(a, group, label, logp.exp())
-        if reweigh:
-            term = term - max(-1.0, reweigh) * logp[self.labels.index(label)]
         return term
 
     def __call__(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:

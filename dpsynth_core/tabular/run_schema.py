@@ -42,7 +42,7 @@ def public_schema(cfg: DpFairConfig) -> TableSchema:
     if cfg.generation.calibrate.labels == "dp_tables" and len(schema.column(schema.target).categories or []) != 2:
         raise ConfigError(f"{cfg.schema_path}: generation.calibrate.labels 'dp_tables' needs a binary target; "
                           f"'{schema.target}' is not")
-    for name in ("dp", "reweigh", "eo"):  # a per-attribute weight for an attribute the run does not use
+    for name in ("dp", "eo"):  # a per-attribute weight for an attribute the run does not use
         weight = getattr(cfg.fairness, f"lambda_{name}")
         if isinstance(weight, dict) and set(weight) - set(attributes):
             raise ConfigError(f"fairness.lambda_{name}: weights for {sorted(set(weight) - set(attributes))}, "

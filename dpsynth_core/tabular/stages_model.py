@@ -141,7 +141,7 @@ def _train(cfg: DpFairConfig, run: Path, schema: TableSchema, ser, base_model: s
         if f.any_weight("eo"):  # constants from rows the model being trained generates (no privacy cost)
             eo = GeneratedRowsEO(constraint, [x.sensitive for x in targets], targets[0].label_prior or targets[0].target_y,
                                  rows=f.eo_rows, refresh_every=f.eo_refresh_every, seed=t.seed)
-        penalty = FairnessPenalty(constraint, schema, targets, f.lambda_dp, f.lambda_reweigh, f.lambda_eo, eo=eo)
+        penalty = FairnessPenalty(constraint, schema, targets, f.lambda_dp, f.lambda_eo, eo=eo)
     dcfg = dpsgd_config(cfg, base_model, ledger)
     if cfg.is_reference:  # epsilon = inf (not_private: true): the same training, sigma = 0, no clipping
         from dpsynth_core.dpsgd.noiseless import train_noiseless_lora
