@@ -49,7 +49,8 @@ def test_targets_from_counts():
     ft = FairnessTargets.from_counts(counts, "sex")
     assert ft.target_y == pytest.approx({"<=50K": 0.75, ">50K": 0.25})
     # the DP term's constants: each group's rates r[a] and its shift r[a] - t (summing to 0 over the labels)
-    assert ft.group_rates["Female"][">50K"] == pytest.approx(0.1) and ft.group_rates["Male"][">50K"] == pytest.approx(0.4)
+    assert ft.group_rates["Female"][">50K"] == pytest.approx(0.1)
+    assert ft.group_rates["Male"][">50K"] == pytest.approx(0.4)
     assert ft.shift("Female") == pytest.approx({"<=50K": 0.15, ">50K": -0.15})
     assert ft.shift("Male") == pytest.approx({"<=50K": -0.15, ">50K": 0.15})
     with pytest.raises(Exception, match="target_y"):
@@ -62,7 +63,8 @@ def test_fair_targets_written_before_reweighing_was_removed_still_load():
 
     from dpsynth_core.tabular.fairness import dump_targets, load_targets
 
-    ft = FairnessTargets.from_counts({"Female": {"<=50K": 90.0, ">50K": 10.0}, "Male": {"<=50K": 60.0, ">50K": 40.0}}, "sex")
+    counts = {"Female": {"<=50K": 90.0, ">50K": 10.0}, "Male": {"<=50K": 60.0, ">50K": 40.0}}
+    ft = FairnessTargets.from_counts(counts, "sex")
     old = json.loads(dump_targets([ft]))
     old["attributes"][0]["weights"] = {"Female": {"<=50K": 0.83, ">50K": 2.5}, "Male": {"<=50K": 1.25, ">50K": 0.625}}
     assert load_targets(json.dumps(old)) == [ft]

@@ -5,9 +5,10 @@ Notation: row i has sensitive values a_i = (a_i^1, ..., a_i^K) (one per attribut
 token cross-entropies, ``dpsgd.data.per_example_loss``); p_i = p_theta(Y | row i before the label) is
 the generator's distribution over the labels' first tokens (renormalised over the labels); q(Y | x, a)
 is the data's label distribution in context (x, a). Per attribute k, from a public or DP-estimated
-|A^k| x |Y| table: r_k[a, y] = P(y | A^k = a), t[y] = P(y) (or a user-given target). Row i's penalty is the SUM over attributes of the terms below, each with its own
-weight (``lambda_*: {attribute: weight}``) or one shared weight; every term is divided by n_i, so it
-acts on the label token's scale whatever the row's token count.
+|A^k| x |Y| table: r_k[a, y] = P(y | A^k = a), t[y] = P(y) (or a user-given target). Row i's penalty
+is the SUM over attributes of the terms below, each with its own weight (``lambda_*: {attribute: weight}``)
+or one shared weight; every term is divided by n_i, so it acts on the label token's scale whatever the
+row's token count.
 
 * **DP term (group shift)**  ``(1 / n_i) sum_k lambda_dp^k sum_y (r_k[a_i^k, y] - t[y]) log p_i(y)``.
   With the label token's own cross entropy (weight 1 / n_i in the row's mean) the gradient in the
