@@ -17,6 +17,10 @@ methods) into 2,000 private rows and a test set (the rest, at most 3,000), then 
 skips the finished ones and resumes an unfinished run directory. ``--summary`` prints the table with the
 issue's targets (means, spreads and n; AIM and real-data rows beside).
 
+The fairness gaps are the issue's: max - min over the sensitive attribute's groups with >= 50 real test rows
+(``dpsynth_core.tabular.group_gaps``), of the run's own TSTR classifiers (the evaluate stage's, refitted on the
+released rows: the accuracy must match the stage's). Smaller groups are listed as "not enough data".
+
     python experiments/dpfair_new_tables.py                                       # the full experiment (resumes)
     python experiments/dpfair_new_tables.py --summary                             # the table so far
     python experiments/dpfair_new_tables.py --rows 300 --epsilons 4 --runs 1 --smoke   # a smoke check only
@@ -92,7 +96,8 @@ TABLES = {
                                 "region": ["northeast", "midwest", "south", "west"], "white": YES_NO,
                                 "employ": YES_NO}},
 }
-METRICS = ["acc_lr", "f1_lr", "dp_diff_lr", "eo_diff_lr", "tvd_1way", "valid_fraction"]
+METRICS = ["acc_lr", "f1_lr", "dp_gap_lr", "eo_gap_lr", "tvd_1way", "valid_fraction"]
+GAP_METRICS = {"dp_gap_lr", "eo_gap_lr"}  # None in a run: fewer than two groups with 50 real test rows
 
 
 def load_table(name: str) -> pd.DataFrame:
@@ -175,10 +180,64 @@ def run_one(method: str, config: dict, config_path: Path, lock: str | None) -> d
     stages = run_dir(config) / "stages"
     # the evaluate stage's own summary first: its "method" and "seconds" are not this script's
     result = {**json.loads((stages / "evaluate.done").read_text()), "method": method,
-              "wall_seconds": round(time.time() - started, 1)}
+              "wall_seconds": round(time.time() - started, 1), "run_dir": str(run_dir(config))}
     if (stages / "reference.done").exists():
         result["real_data"] = json.loads((stages / "reference.done").read_text())
     return result
+
+
+def _gaps(train: pd.DataFrame, test: pd.DataFrame, schema, sensitive: str) -> dict:
+    """Accuracy and the issue's gaps of the TSTR classifiers trained on ``train``, on the real ``test`` rows."""
+    from dpsynth_core.tabular.evaluate import tstr_predictions
+    from dpsynth_core.tabular.group_gaps import group_gaps
+
+    truth, predictions = tstr_predictions(train, test, schema)  # seed 0, as the evaluate and reference stages
+    return {model: {"accuracy": float((pred == truth).mean()), **group_gaps(truth, pred, test[sensitive]).as_dict()}
+            for model, pred in predictions.items()}
+
+
+def score_gaps(result: dict, root: Path) -> dict:
+    """``result`` with the gaps of its run's classifiers (and, for DPFairLLM, of the real-data reference row)."""
+    from dpsynth_core.data import load_records
+    from dpsynth_core.tabular.run_schema import resolved_schema
+
+    name, k, epsilon, method = result["table"], result["run"], result["epsilon"], result["method"]
+    run_name = f"{name}_eps{epsilon:g}_run{k}"
+    out_dir = root / name / "runs" / method / run_name
+    run = Path(result.get("run_dir") or run_dir({"output_dir": str(out_dir), "name": run_name}))
+    split = root / name / f"split_{k}"
+    schema = resolved_schema(run)  # the schema the evaluate stage scored with (DP bounds of numeric columns)
+    test = schema.validate_frame(load_records(split / "test.csv"), "real test")
+    synth = schema.validate_frame(pd.read_csv(run / "synthetic.csv", keep_default_na=False), "synthetic")
+    sensitive = TABLES[name]["sensitive"]
+    gaps = _gaps(synth, test, schema, sensitive)
+    if abs(gaps["logreg"]["accuracy"] - result["acc_lr"]) > 1e-9:  # not the stage's classifier: no figure
+        raise SystemExit(f"{run}: refitted LR accuracy {gaps['logreg']['accuracy']:.4f} is not the evaluate "
+                         f"stage's {result['acc_lr']:.4f}")
+    scored = {**result, "gaps": gaps}
+    if "real_data" in result:  # the reference stage's classifiers, trained on the run's private rows
+        private = schema.validate_frame(load_records(split / "private.csv"), "private")
+        real = _gaps(private, test, schema, sensitive)
+        if abs(real["logreg"]["accuracy"] - result["real_data"]["acc_lr"]) > 1e-9:
+            raise SystemExit(f"{run}: LR on {split / 'private.csv'} is not the reference stage's (accuracy "
+                             f"{real['logreg']['accuracy']:.4f} vs {result['real_data']['acc_lr']:.4f})")
+        scored["real_data"] = {**result["real_data"], "gaps": real}
+    return scored
+
+
+def _with_gap_metrics(result: dict) -> dict:
+    """The summary's flat view: dp_gap_lr / eo_gap_lr from the logistic regression's gaps (None: not enough data)."""
+    lr = result.get("gaps", {}).get("logreg", {})
+    return {**result, "dp_gap_lr": lr.get("dp"), "eo_gap_lr": lr.get("eo")}
+
+
+def add_missing_gaps(root: Path) -> None:
+    """Score the gaps of every finished run whose result file predates them (owner-side, no privacy cost)."""
+    for path in sorted(root.glob("*/results/*.json")):
+        result = json.loads(path.read_text())
+        if "gaps" not in result:
+            path.write_text(json.dumps(score_gaps(result, root), indent=2, default=float))
+            print(f"scored the gaps of {path}")
 
 
 def run_all(args) -> None:
@@ -204,21 +263,39 @@ def run_all(args) -> None:
                     result = run_one(method, cfg, split / f"{method}_eps{epsilon:g}.yaml", args.lock)
                     result |= {"table": name, "epsilon": epsilon, "run": k, "smoke": args.smoke,
                                "private_rows": args.rows}
+                    result = score_gaps(result, root)
                     out.parent.mkdir(parents=True, exist_ok=True)
                     out.write_text(json.dumps(result, indent=2, default=float))
                     print(f"wrote {out} ({result['wall_seconds']} s)")
 
 
-def _cell(values: list[float]) -> str:
+def _cell(values: list[float], runs: int | None = None) -> str:
+    """mean ± sd; for a gap (``runs`` given) with fewer values than runs (not enough data in some), their n."""
     if not values:
-        return "-"
-    return f"{np.mean(values):.3f} ± {np.std(values, ddof=1) if len(values) > 1 else 0:.3f}"
+        return "-" if not runs else "not enough data"
+    n = f" (n = {len(values)})" if runs and len(values) < runs else ""
+    return f"{np.mean(values):.3f} ± {np.std(values, ddof=1) if len(values) > 1 else 0:.3f}{n}"
+
+
+def _not_enough_data(results: list[dict], sensitive: str) -> str:
+    """The groups left out of the gaps (fewer than 50 real test rows), per split: named, not silently dropped."""
+    by_split = {}
+    for r in results:
+        left_out = r.get("gaps", {}).get("logreg", {}).get("not_enough_data")
+        if left_out:
+            by_split[r["run"]] = left_out
+    if not by_split:
+        return f"Every group of {sensitive} has ≥ 50 real test rows in every split: none left out of the gaps."
+    return (f"Not enough data (< 50 real test rows; left out of the {sensitive} gaps): "
+            + "; ".join(f"split {k}: " + ", ".join(f"{g} ({n} rows)" for g, n in groups.items())
+                        for k, groups in sorted(by_split.items())) + ".")
 
 
 def summary(root: Path) -> str:
     lines = []
     for name in TABLES:
-        results = [json.loads(p.read_text()) for p in sorted((root / name / "results").glob("*.json"))]
+        paths = sorted((root / name / "results").glob("*.json"))
+        results = [_with_gap_metrics(json.loads(p.read_text())) for p in paths]
         if not results:
             continue
         smoke = any(r.get("smoke") for r in results)
@@ -229,7 +306,7 @@ def summary(root: Path) -> str:
                   "| --- " * (len(METRICS) + 5) + "|"]
         for epsilon in sorted({r["epsilon"] for r in results}):
             rows = {m: [r for r in results if r["epsilon"] == epsilon and r["method"] == m] for m in ("dpfair", "aim")}
-            real = [r["real_data"] for r in rows["dpfair"] if "real_data" in r]
+            real = [_with_gap_metrics(r["real_data"]) for r in rows["dpfair"] if "real_data" in r]
             means = {}
             for label, group in (("DPFairLLM", rows["dpfair"]), ("AIM", rows["aim"]), ("real data", real)):
                 values = {m: [g[m] for g in group if g.get(m) is not None] for m in METRICS}
@@ -237,14 +314,17 @@ def summary(root: Path) -> str:
                 base = [g.get("majority_acc") for g in group if g.get("majority_acc") is not None]
                 n_test = sorted({g.get("n_test") for g in group if g.get("n_test")})
                 lines.append(f"| {epsilon:g} | {label} | {len(group)} | "
-                             + " | ".join(_cell(values[m]) for m in METRICS)
+                             + " | ".join(_cell(values[m], len(group) if m in GAP_METRICS else None)
+                                          for m in METRICS)
                              + f" | {_cell(base)} | {', '.join(map(str, n_test)) or '-'} |")
             lines.append(f"| {epsilon:g} | targets met | | " + " | ".join(_targets(means["DPFairLLM"], means["AIM"]))
                          + " | | |")
-        lines.append("")
+        lines += ["", _not_enough_data(results, TABLES[name]["sensitive"]), ""]
     lines.append("Targets (issue 41, on the means): accuracy ≥ AIM's − 0.03, F1 ≥ AIM's − 0.05, DP and EO gaps "
                  "≤ ½ AIM's, 1-way TVD ≤ AIM's + 0.05, valid rows = 100 %. Gaps: max − min over the sensitive "
-                 "attribute's groups on the real test rows (fairlearn), logistic regression trained on the rows.")
+                 "attribute's groups with ≥ 50 real test rows (tabular.group_gaps; DP: P(ŷ = 1 | group), EO: the "
+                 "larger spread of the true- and false-positive rates), of the logistic regression trained on the "
+                 "released rows (the evaluate stage's).")
     return "\n".join(lines)
 
 
@@ -255,7 +335,7 @@ def _targets(ours: dict, aim: dict) -> list[str]:
         return "yes" if ok(ours[metric], aim.get(metric)) else "**no**"
 
     return [check("acc_lr", lambda o, a: o >= a - 0.03), check("f1_lr", lambda o, a: o >= a - 0.05),
-            check("dp_diff_lr", lambda o, a: o <= a / 2), check("eo_diff_lr", lambda o, a: o <= a / 2),
+            check("dp_gap_lr", lambda o, a: o <= a / 2), check("eo_gap_lr", lambda o, a: o <= a / 2),
             check("tvd_1way", lambda o, a: o <= a + 0.05), check("valid_fraction", lambda o, a: o >= 1.0)]
 
 
@@ -276,6 +356,7 @@ def main() -> None:
         args.out = "runs/new_tables_smoke"  # a smoke check never lands beside the real results
     if not args.summary:
         run_all(args)
+    add_missing_gaps(Path(args.out))
     print(summary(Path(args.out)))
 
 

@@ -12,6 +12,10 @@ from collections.abc import Sequence
 # Measured: MAUVE between two disjoint samples of n real bioRxiv abstracts (docs/results/mauve_min_sample.md).
 MAUVE_MIN_TEXTS = 100
 NOT_ENOUGH_TEXTS = "not enough texts"
+# A group's rates on the real test rows enter a fairness gap only from this many rows up (issue 41's definition of
+# the gaps: max - min over groups with >= 50 test rows); a smaller group is named, never silently dropped.
+MIN_GROUP_ROWS = 50
+NOT_ENOUGH_DATA = "not enough data"
 
 
 def enough_for_mauve(n_real: int, n_synthetic: int) -> bool:

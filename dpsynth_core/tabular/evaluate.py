@@ -127,16 +127,12 @@ def encode_matrix(df: pd.DataFrame, schema: TableSchema, exclude: tuple[str, ...
     return np.hstack(blocks) if blocks else np.zeros((len(df), 0))
 
 
-def tstr(synth: pd.DataFrame, real_test: pd.DataFrame, schema: TableSchema, seed: int = 0) -> dict:
-    """Train LR and gradient boosting on ``synth``, test on ``real_test``; accuracy, F1, fairness.
-
-    A binary target: F1 of the positive label, fairlearn's demographic-parity and equalized-odds
-    differences. A multi-class target: macro F1, and each gap the largest over the classes taken
-    one-vs-rest (the class whose rate differs most between groups)."""
-    from fairlearn.metrics import demographic_parity_difference, equalized_odds_difference
+def tstr_predictions(synth: pd.DataFrame, real_test: pd.DataFrame, schema: TableSchema,
+                     seed: int = 0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """TSTR's classifiers (LR, gradient boosting) trained on ``synth``: the test rows' true labels and each model's
+    predictions, both coded as :func:`tstr` scores them (binary: 1 = the positive label; else class indices)."""
     from sklearn.ensemble import HistGradientBoostingClassifier
     from sklearn.linear_model import LogisticRegression
-    from sklearn.metrics import accuracy_score, f1_score
 
     if schema.target is None:
         raise DataError(f"schema '{schema.name}': TSTR needs a target column")
@@ -152,19 +148,36 @@ def tstr(synth: pd.DataFrame, real_test: pd.DataFrame, schema: TableSchema, seed
         y_te = real_test[schema.target].astype(str).map(codes).fillna(-1).astype(int).to_numpy()
     X_tr = encode_matrix(synth, schema, (schema.target,))
     X_te = encode_matrix(real_test, schema, (schema.target,))
-    one_vs_rest = [(y_te == 1, None)] if binary else [(y_te == k, k) for k in range(len(classes))]
-    results = {}
     models = {
         "logreg": lambda: LogisticRegression(max_iter=2000),
         "gboost": lambda: HistGradientBoostingClassifier(random_state=seed, max_iter=200),
     }
+    predictions = {}
     for name, make in models.items():
         if len(np.unique(y_tr)) < 2:
-            pred = np.full(len(y_te), int(y_tr[0]) if len(y_tr) else 0)  # one class only: constant classifier
+            predictions[name] = np.full(len(y_te), int(y_tr[0]) if len(y_tr) else 0)  # one class only: constant
         else:
             clf = make()
             clf.fit(X_tr, y_tr)
-            pred = clf.predict(X_te)
+            predictions[name] = clf.predict(X_te)
+    return y_te, predictions
+
+
+def tstr(synth: pd.DataFrame, real_test: pd.DataFrame, schema: TableSchema, seed: int = 0) -> dict:
+    """Train LR and gradient boosting on ``synth``, test on ``real_test``; accuracy, F1, fairness.
+
+    A binary target: F1 of the positive label, fairlearn's demographic-parity and equalized-odds
+    differences. A multi-class target: macro F1, and each gap the largest over the classes taken
+    one-vs-rest (the class whose rate differs most between groups)."""
+    from fairlearn.metrics import demographic_parity_difference, equalized_odds_difference
+    from sklearn.metrics import accuracy_score, f1_score
+
+    y_te, predictions = tstr_predictions(synth, real_test, schema, seed)
+    classes = list(schema.column(schema.target).categories or [])
+    binary = len(classes) <= 2
+    one_vs_rest = [(y_te == 1, None)] if binary else [(y_te == k, k) for k in range(len(classes))]
+    results = {}
+    for name, pred in predictions.items():
         f1 = f1_score(y_te, pred, zero_division=0) if binary else f1_score(y_te, pred, average="macro", zero_division=0)
         res = {"accuracy": float(accuracy_score(y_te, pred)), "f1": float(f1)}
         for a in schema.sensitive:
