@@ -90,7 +90,9 @@ def llm_config_kwargs(model: ModelDeploymentConfig, source: str, max_prompt_toke
         "engine_kwargs": engine,
         "deployment_config": deployment,
         "placement_group_config": {"bundles": [bundle]},
-        "runtime_env": {"env_vars": {**job_env_vars(), **env, **_ENGINE_ENV, "VLLM_LOGGING_LEVEL": engine_log_level()}},
+        "runtime_env": {"env_vars": {**job_env_vars(), **env, **_ENGINE_ENV, "VLLM_LOGGING_LEVEL": engine_log_level()},
+                        # ours, not Ray LLM's no-op default: the replica and the tasks it starts are quiet too
+                        "worker_process_setup_hook": "dpsynth_core.quiet.ray_worker_setup"},
         "log_engine_metrics": False,
     }
     if model.num_gpus <= 0:

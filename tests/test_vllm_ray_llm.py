@@ -50,6 +50,9 @@ def test_llm_config_keeps_the_replica_as_quiet_as_the_caller(monkeypatch) -> Non
     env = llm_config_kwargs(model, "/m", max_prompt_tokens=100)["runtime_env"]["env_vars"]
     assert env["VLLM_LOGGING_LEVEL"] == "ERROR" and env["HOOK"] == "dpsynth_core.quiet.ray_worker_setup"
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "4"  # the model's own settings win over the job's
+    # our worker setup, not Ray LLM's no-op one: the replica and the tasks it starts log as quietly as the job
+    assert llm_config_kwargs(model, "/m", max_prompt_tokens=100)["runtime_env"]["worker_process_setup_hook"] \
+        == "dpsynth_core.quiet.ray_worker_setup"
     monkeypatch.delenv("VLLM_LOGGING_LEVEL")
     assert llm_config_kwargs(model, "/m", max_prompt_tokens=100)["runtime_env"]["env_vars"]["VLLM_LOGGING_LEVEL"] \
         == "WARNING"  # as the offline engine's default (engines.vllm_engine.vllm_process_env)
