@@ -96,6 +96,14 @@ def ray_worker_setup() -> None:
     """Ray's ``worker_process_setup_hook`` for every worker of a dpsynth job (``ray_jobs.cluster``)."""
     plain_library_messages()
     vllm_log_level_from_env()
+    if os.environ.get("VLLM_LOGGING_LEVEL") == "ERROR":  # set by quiet_env: a quiet run
+        # Ray's LLM layer gives each of its loggers an INFO console handler ("No cloud storage mirror
+        # configured") unless "ray.llm" already has a handler: one that prints nothing, and WARNING and up
+        # still reach the worker's root handler
+        llm_logger = logging.getLogger("ray.llm")
+        llm_logger.setLevel(logging.WARNING)
+        if not llm_logger.handlers:
+            llm_logger.addHandler(logging.NullHandler())
 
 
 def quiet_process() -> None:

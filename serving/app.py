@@ -15,6 +15,7 @@ import re
 from ray import serve
 
 from dpsynth_core.errors import ConfigError
+from dpsynth_core.quiet import verbose
 from serving.config import ModelDeploymentConfig, ServeConfig
 from serving.deployments import BestOfN, Generator, MultiPLMRouter
 from serving.openai_api import OpenAIIngress
@@ -123,10 +124,11 @@ def deploy(config: ServeConfig, *, blocking: bool = False):
     are cluster-wide in Serve: if Serve already runs with other options, those stay in force.
     Returns the ingress handle (``generate``, ``best_of_n``, ``generate_multi``, ``models``, ``stats``).
     """
+    logs = serve_logging()
     if config.http.enabled:
-        serve.start(http_options={"host": config.http.host, "port": config.http.port})
+        serve.start(http_options={"host": config.http.host, "port": config.http.port}, logging_config=logs)
     else:
-        serve.start(proxy_location="Disabled")
+        serve.start(proxy_location="Disabled", logging_config=logs)
     route = config.http.route_prefix if config.http.enabled else None
     config = resolve_app(config)
     if config.app == "ray_llm":
@@ -135,10 +137,27 @@ def deploy(config: ServeConfig, *, blocking: bool = False):
 
         # Ray's OpenAI app takes the HTTP routes; Best-of-N and multi-PLM run over its engines in a
         # second app whose handle (the same API as the dpsynth app's) is returned
-        serve.run(build_ray_llm_app(config, api_key_digest(config)), name=config.app_name, route_prefix=route)
+        serve.run(build_ray_llm_app(config, api_key_digest(config)), name=config.app_name, route_prefix=route,
+                  logging_config=logs)
         return serve.run(build_ray_llm_tools_app(config), name=tools_app_name(config.app_name), route_prefix=None,
-                         blocking=blocking)
-    return serve.run(build_generation_app(config), name=config.app_name, route_prefix=route, blocking=blocking)
+                         blocking=blocking, logging_config=logs)
+    return serve.run(build_generation_app(config), name=config.app_name, route_prefix=route, blocking=blocking,
+                     logging_config=logs)
+
+
+def serve_logging() -> dict | None:
+    """Serve's own log level in the controller, the proxy and every replica; Ray's default when verbose.
+
+    Serve logs every deployment's options, every replica start and one access line per request at INFO,
+    and warns that an engine took over 30 s to load (it does on CPU) or that a replica still loading did
+    not report its queue: none of it is for a user to act on. Errors still show, a failed deploy raises
+    in ``serve.run``, and our own code's notices (the ``dpsynth_core`` logger) are not Serve's.
+    ``DPSYNTH_VERBOSE=1`` shows everything."""
+    if verbose():
+        return None
+    # the driver's own "ray.serve" lines ("Started Serve", "Deployment Options" dumps, "is ready at")
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    return {"log_level": "ERROR", "enable_access_log": False}
 
 
 def undeploy(config: ServeConfig) -> None:

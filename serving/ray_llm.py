@@ -30,8 +30,7 @@ _ENGINE_ENV = {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600", "VLLM_ENGINE_READY_
 def job_env_vars() -> dict[str, str]:
     """The env_vars of the Ray job this driver runs in (ray_jobs.cluster.ensure_ray: the quiet environment and the
     worker setup hook, which Ray keeps as an env var). A replica's own env_vars replace the job's whole, so they
-    start from these. (vLLM's import-time "Triton is installed, but doesn't include CPU backend" notice still shows:
-    docs/results/serving.md, "Quiet output".) Empty without Ray."""
+    start from these. Empty without Ray."""
     import ray
 
     if not ray.is_initialized():
@@ -90,7 +89,9 @@ def llm_config_kwargs(model: ModelDeploymentConfig, source: str, max_prompt_toke
         "engine_kwargs": engine,
         "deployment_config": deployment,
         "placement_group_config": {"bundles": [bundle]},
-        "runtime_env": {"env_vars": {**job_env_vars(), **env, **_ENGINE_ENV, "VLLM_LOGGING_LEVEL": engine_log_level()}},
+        "runtime_env": {"env_vars": {**job_env_vars(), **env, **_ENGINE_ENV, "VLLM_LOGGING_LEVEL": engine_log_level()},
+                        # ours, not Ray LLM's no-op default: the replica and the tasks it starts are quiet too
+                        "worker_process_setup_hook": "dpsynth_core.quiet.ray_worker_setup"},
         "log_engine_metrics": False,
     }
     if model.num_gpus <= 0:

@@ -108,3 +108,37 @@ def test_trainer_metric_dicts_are_not_printed(tmp_path, capsys):
     quiet = CallbackHandler([PrinterCallback(), ProgressCallback()], None, None, None, None)
     quiet_trainer(quiet)
     assert "'loss'" not in logged_output(quiet)
+
+
+def test_serve_and_ray_llm_logs_are_quiet_unless_verbose(monkeypatch):
+    """`dpsynth serve start` printed Serve's deployment-options dumps, replica starts, one access line per
+    request and Ray LLM's setup steps ("No cloud storage mirror configured", from a task it starts): quiet
+    runs give Serve's components ERROR and Ray LLM's loggers WARNING; DPSYNTH_VERBOSE=1 keeps Ray's defaults."""
+    import logging
+
+    from ray.llm._internal.common.observability.logging import get_logger
+
+    from dpsynth_core.quiet import ray_worker_setup
+    from serving.app import serve_logging
+
+    serve_logger, llm_logger = logging.getLogger("ray.serve"), logging.getLogger("ray.llm")
+    saved = serve_logger.level, llm_logger.level, list(llm_logger.handlers)
+    try:
+        monkeypatch.setenv("DPSYNTH_VERBOSE", "1")
+        monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+        assert serve_logging() is None
+        ray_worker_setup()
+        assert not llm_logger.handlers  # Ray LLM still sets its own INFO handler up when verbose
+
+        monkeypatch.delenv("DPSYNTH_VERBOSE")
+        monkeypatch.setenv("VLLM_LOGGING_LEVEL", "ERROR")  # what quiet_env gives every worker
+        assert serve_logging() == {"log_level": "ERROR", "enable_access_log": False}
+        assert serve_logger.getEffectiveLevel() == logging.WARNING
+        ray_worker_setup()
+        setup_step = get_logger("dpsynth_quiet_check")  # a Ray LLM module's logger, made after the hook ran
+        assert not setup_step.isEnabledFor(logging.INFO) and setup_step.isEnabledFor(logging.WARNING)
+        assert not setup_step.handlers  # no INFO console handler of its own: WARNING and up reach root's
+    finally:
+        serve_logger.setLevel(saved[0])
+        llm_logger.setLevel(saved[1])
+        llm_logger.handlers[:] = saved[2]

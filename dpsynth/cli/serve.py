@@ -104,7 +104,6 @@ def start(
         raise ConfigError(f"the service did not become ready within {ready_timeout_s:.0f} s; see {log}")
 
     import ray
-    from ray import serve
 
     from serving.app import deploy, undeploy
 
@@ -132,8 +131,8 @@ def start(
     finally:
         typer.echo("stopping")
         undeploy(cfg)
-        if address is None:
-            serve.shutdown()
+        # an embedded Ray takes Serve down with it; serve.shutdown() first would kill its controller mid-call
+        # and Ray would print that call's failure
         ray.shutdown()
         state = _read_state()
         if state and state.get("pid") == os.getpid():
