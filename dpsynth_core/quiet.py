@@ -47,6 +47,8 @@ _QUIET_ENV = {
 # Ray logs this on every local start; token auth stays on, only the notice goes.
 _RAY_TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
 _RAY_TOKEN_NOTICE = "Token authentication is enabled for this Ray cluster"
+_RAY_INIT_LOGGER = "ray._private.worker"
+_RAY_REINIT_NOTICE = "Calling ray.init() again after it has already been called"
 
 
 def verbose() -> bool:
@@ -97,13 +99,17 @@ def ray_worker_setup() -> None:
     plain_library_messages()
     vllm_log_level_from_env()
     if os.environ.get("VLLM_LOGGING_LEVEL") == "ERROR":  # set by quiet_env: a quiet run
-        # Ray's LLM layer gives each of its loggers an INFO console handler ("No cloud storage mirror
-        # configured") unless "ray.llm" already has a handler: one that prints nothing, and WARNING and up
-        # still reach the worker's root handler
-        llm_logger = logging.getLogger("ray.llm")
-        llm_logger.setLevel(logging.WARNING)
-        if not llm_logger.handlers:
-            llm_logger.addHandler(logging.NullHandler())
+        quiet_ray_llm_loggers()
+
+
+def quiet_ray_llm_loggers() -> None:
+    """Ray's LLM layer gives each of its loggers an INFO console handler ("No cloud storage mirror
+    configured", "Downloading model and tokenizer", one line per batch) unless "ray.llm" already has a
+    handler: give it one that prints nothing; WARNING and up still reach the process's root handler."""
+    llm_logger = logging.getLogger("ray.llm")
+    llm_logger.setLevel(logging.WARNING)
+    if not llm_logger.handlers:
+        llm_logger.addHandler(logging.NullHandler())
 
 
 def quiet_process() -> None:
@@ -124,6 +130,11 @@ def quiet_process() -> None:
     token_logger = logging.getLogger(_RAY_TOKEN_LOGGER)
     if not any(isinstance(f, _DropText) for f in token_logger.filters):
         token_logger.addFilter(_DropText(_RAY_TOKEN_NOTICE))
+    # Ray's LLM batch processor calls ray.init() again (ignore_reinit_error): Ray says so at INFO
+    init_logger = logging.getLogger(_RAY_INIT_LOGGER)
+    if not any(isinstance(f, _DropText) for f in init_logger.filters):
+        init_logger.addFilter(_DropText(_RAY_REINIT_NOTICE))
+    quiet_ray_llm_loggers()
 
 
 def quiet_trainer(trainer) -> None:

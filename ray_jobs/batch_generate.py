@@ -28,6 +28,7 @@ from dpsynth_core.config import BATCH_CAP, NEW_TOKENS_CAP, StrictConfig, cap, lo
 from dpsynth_core.errors import ConfigError
 from dpsynth_core.runs.storage import RunDirPath, require_durable_run_dir
 from ray_jobs.cluster import ensure_ray
+from ray_jobs.ray_llm_batch import keep_ray_quiet
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +167,7 @@ def run(config: BatchGenerateConfig) -> dict:
     todo = [i for i in range(n_shards) if not _shard_path(config, i).exists()]
     ensure_ray()  # join the cluster (RAY_ADDRESS / submitted job) or embed a local Ray
     ray.data.DataContext.get_current().enable_progress_bars = False  # our bar counts shards
+    keep_ray_quiet()
     start = time.perf_counter()
     rows = 0
     for index in tqdm(todo, desc="shards", unit="shard", initial=n_shards - len(todo), total=n_shards):

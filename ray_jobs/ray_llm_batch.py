@@ -41,6 +41,7 @@ def processor_config(config):
     """``vLLMEngineProcessorConfig`` with the settings of our own vLLM engine (serving.vllm_backend)."""
     from ray.data.llm import vLLMEngineProcessorConfig
 
+    from serving.ray_llm import engine_log_level, job_env_vars
     from serving.vllm_backend import engine_settings
 
     on_gpu = config.gpus_per_actor > 0
@@ -51,8 +52,11 @@ def processor_config(config):
     return vLLMEngineProcessorConfig(
         model_source=model_source(config), engine_kwargs=engine, batch_size=config.batch_size,
         concurrency=config.num_actors, placement_group_config={"bundles": [bundle]},
-        runtime_env={"env_vars": {**env, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                                  "VLLM_LOGGING_LEVEL": "WARNING"}},
+        # the engine actor's env_vars replace the job's whole: they start from the job's (the quiet environment),
+        # vLLM logs at the caller's level, and our worker setup (not Ray LLM's) quiets Ray LLM's own loggers
+        runtime_env={"env_vars": {**job_env_vars(), **env, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                                  "VLLM_LOGGING_LEVEL": engine_log_level()},
+                     "worker_process_setup_hook": "dpsynth_core.quiet.ray_worker_setup"},
         chat_template_stage=False, tokenize_stage=False, detokenize_stage=False, log_engine_metrics=False,
     )
 
@@ -76,4 +80,17 @@ def generate(items: list[dict], config, num_blocks: int):
         return {"id": row["id"], "prompt": row["source"], "text": row["generated_text"].strip()}
 
     processor = build_processor(processor_config(config), preprocess=preprocess, postprocess=postprocess)
+    keep_ray_quiet()  # build_processor calls ray.init() again, which sets Ray's logger back to INFO
     return processor(ray.data.from_items(rows, override_num_blocks=num_blocks))
+
+
+def keep_ray_quiet() -> None:
+    """Ray's and Ray Data's driver-side loggers at the quiet run's levels (Ray Data logs each dataset's
+    plan, start and end at INFO, and warns that we turned its progress bars off: ours counts shards)."""
+    import logging
+
+    from dpsynth_core.quiet import verbose
+
+    if not verbose():
+        logging.getLogger("ray").setLevel(logging.WARNING)
+        logging.getLogger("ray.data").setLevel(logging.ERROR)

@@ -110,19 +110,23 @@ def test_trainer_metric_dicts_are_not_printed(tmp_path, capsys):
     assert "'loss'" not in logged_output(quiet)
 
 
-def test_serve_and_ray_llm_logs_are_quiet_unless_verbose(monkeypatch):
+def test_serve_ray_llm_and_ray_data_logs_are_quiet_unless_verbose(monkeypatch):
     """`dpsynth serve start` printed Serve's deployment-options dumps, replica starts, one access line per
-    request and Ray LLM's setup steps ("No cloud storage mirror configured", from a task it starts): quiet
-    runs give Serve's components ERROR and Ray LLM's loggers WARNING; DPSYNTH_VERBOSE=1 keeps Ray's defaults."""
+    request and Ray LLM's setup steps ("No cloud storage mirror configured", from a task it starts), and
+    `dpsynth generate` on the ray_data_llm runner 150 lines (Ray Data's plan, Ray LLM's steps, vLLM's
+    warnings): quiet runs give Serve's components ERROR, Ray LLM's loggers WARNING, Ray Data's driver
+    logger ERROR; DPSYNTH_VERBOSE=1 keeps Ray's defaults."""
     import logging
 
     from ray.llm._internal.common.observability.logging import get_logger
 
     from dpsynth_core.quiet import ray_worker_setup
+    from ray_jobs.ray_llm_batch import keep_ray_quiet
     from serving.app import serve_logging
 
     serve_logger, llm_logger = logging.getLogger("ray.serve"), logging.getLogger("ray.llm")
-    saved = serve_logger.level, llm_logger.level, list(llm_logger.handlers)
+    ray_logger, data_logger = logging.getLogger("ray"), logging.getLogger("ray.data")
+    saved = serve_logger.level, llm_logger.level, list(llm_logger.handlers), ray_logger.level, data_logger.level
     try:
         monkeypatch.setenv("DPSYNTH_VERBOSE", "1")
         monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
@@ -138,7 +142,13 @@ def test_serve_and_ray_llm_logs_are_quiet_unless_verbose(monkeypatch):
         setup_step = get_logger("dpsynth_quiet_check")  # a Ray LLM module's logger, made after the hook ran
         assert not setup_step.isEnabledFor(logging.INFO) and setup_step.isEnabledFor(logging.WARNING)
         assert not setup_step.handlers  # no INFO console handler of its own: WARNING and up reach root's
+        # Ray Data's plan / start / end lines, and Ray's logger after Ray LLM's batch processor re-ran ray.init()
+        ray_logger.setLevel(logging.INFO)
+        keep_ray_quiet()
+        assert ray_logger.level == logging.WARNING and data_logger.level == logging.ERROR
     finally:
         serve_logger.setLevel(saved[0])
         llm_logger.setLevel(saved[1])
         llm_logger.handlers[:] = saved[2]
+        ray_logger.setLevel(saved[3])
+        data_logger.setLevel(saved[4])

@@ -179,6 +179,23 @@ def test_ray_llm_app_serves_openai_and_runs_best_of_n_and_multi_plm(ray_with_vll
     assert not {"ray-llm-test", "ray-llm-test-tools"} & set(serve.status().applications)
 
 
+def test_ray_data_llm_engine_actor_is_as_quiet_as_the_job(monkeypatch, tmp_path) -> None:
+    """The engine actor's env_vars replace the job's whole: they start from the job's quiet environment, vLLM
+    logs at the caller's level (it printed ~150 WARNING lines at Ray LLM's WARNING), and the actor runs our
+    worker setup instead of Ray LLM's no-op one."""
+    require_vllm("ray.data.llm")
+    import serving.ray_llm as ray_llm
+    from ray_jobs.ray_llm_batch import processor_config
+
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "ERROR")
+    monkeypatch.setattr(ray_llm, "job_env_vars", lambda: {"HF_HUB_DISABLE_PROGRESS_BARS": "1"})
+    config = BatchGenerateConfig(prompt="p", model="smollm2-135m-instruct", runner="ray_data_llm", output_dir=tmp_path)
+    runtime_env = processor_config(config).runtime_env
+    assert runtime_env["worker_process_setup_hook"] == "dpsynth_core.quiet.ray_worker_setup"
+    assert runtime_env["env_vars"]["VLLM_LOGGING_LEVEL"] == "ERROR"
+    assert runtime_env["env_vars"]["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+
+
 def test_ray_data_llm_runner_writes_every_row(ray_with_vllm, tmp_path) -> None:
     from ray_jobs.batch_generate import run
 
