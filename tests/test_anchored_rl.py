@@ -276,3 +276,20 @@ def test_the_removed_torch_engine_is_refused_with_exit_2_naming_the_key(tmp_path
     assert code == 2
     assert "field 'rl.engine': the plain-torch RL engine was removed" in out
     assert not run_dir.exists()
+
+
+def test_the_trl_trainer_is_imported_without_vllm():
+    """trl imports an installed vLLM (~3 s a process) for a generation path the RL stage never runs: hidden from
+    trl's check while its modules load, then the check is put back (a fresh process: this one may hold vLLM)."""
+    import importlib.util
+    import subprocess
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed: nothing for trl to import")
+    code = ("import sys; from dpsynth_core.actg.anchored_rl_trl import _trl_rloo; import trl.import_utils as u; "
+            "config, trainer = _trl_rloo(); "
+            "print(trainer.__name__, config.__name__, 'vllm' in sys.modules, u.is_vllm_available())")
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["RLOOTrainer", "RLOOConfig", "False", "True"]

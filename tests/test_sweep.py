@@ -18,9 +18,10 @@ def test_two_trial_sweep_on_tiny_llama(ray_session, tmp_path):
     raw["output_dir"] = str(tmp_path / "sweep")
     # the ranking metric is IFAcc: the owner-side MAUVE / classifier reports only cost time here, and
     # so do AIM's 2-way marginals (a 1-way workload is still AIM under the trial's eps1; the full
-    # pipeline is tested in test_actg_pipeline.py); one RL step still makes the after_rl figure ranked on
+    # pipeline is tested in test_actg_pipeline.py); one RL step still makes the after_rl figure ranked on, and
+    # one DP-SGD step still trains the generator under the trial's eps2
     raw["overrides"] = {"evaluation.mauve": False, "evaluation.classifier": False, "features.options.degree": 1,
-                        "rl.steps": 1}
+                        "rl.steps": 1, "generator.steps": 1}
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(raw))
     summary = run(load_config(path, SweepConfig))

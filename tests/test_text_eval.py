@@ -13,9 +13,12 @@ from dpsynth_core.errors import DataError
 
 @pytest.fixture(scope="module")
 def embedder():
+    """MiniLM behind the evaluate stage's own cache (``evaluation.CachedEmbedder``): these tests embed the same
+    abstracts again and again (MAUVE over three k-means seeds, both halves of the corpus in several tests)."""
+    from dpsynth_core.actg.evaluation import CachedEmbedder
     from dpsynth_core.models import load_embedder
 
-    return load_embedder("minilm")
+    return CachedEmbedder(load_embedder("minilm"))
 
 
 @pytest.fixture(scope="module")

@@ -37,6 +37,13 @@ def tiny_config(tmp_path: Path, **update) -> Path:
     return path
 
 
+def smaller_steps() -> dict:
+    """configs/actg_tiny.yaml with one DP-SGD step and one RL step: every stage still runs (and is charged, crashed,
+    closed and resumed) as the two files assert; what a second step would add is asserted nowhere here."""
+    raw = yaml.safe_load(TINY.read_text())
+    return {"generator": raw["generator"] | {"steps": 1}, "rl": raw["rl"] | {"steps": 1}}
+
+
 def ledger_stages(run: Path) -> list[tuple[str, str]]:
     from dpsynth_core.privacy import PrivacyLedger
 
@@ -50,8 +57,9 @@ def crash_and_resume(tmp_path: Path) -> ResumedRun:
     from ray_jobs.actg import main
 
     state = ResumedRun(run=tmp_path / "run")
+    smaller = smaller_steps()  # the same sizes on both calls: a changed config would be refused on the resume
     try:
-        main(tiny_config(tmp_path, stop_after_stage="best_of_n"))
+        main(tiny_config(tmp_path, stop_after_stage="best_of_n", **smaller))
     except StageInterrupted:
         state.interrupted = True
     stages = state.run / "stages"
@@ -60,6 +68,6 @@ def crash_and_resume(tmp_path: Path) -> ResumedRun:
     state.charged_after_crash = [s for s in ledger_stages(state.run) if s[1] != "post_processing"]
     for name in state.removed_markers:
         (stages / f"{name}.done").unlink()
-    state.resumed_run_dir = Path(main(tiny_config(tmp_path)))
+    state.resumed_run_dir = Path(main(tiny_config(tmp_path, **smaller)))
     return state
 

@@ -33,10 +33,27 @@ if TYPE_CHECKING:  # pragma: no cover
     from dpsynth_core.actg.anchored_rl_base import AnchoredRLConfig, GammaSchedule, RewardFn
 
 
+def _trl_rloo():
+    """``(RLOOConfig, RLOOTrainer)``, imported with vLLM hidden from trl's availability check: trl imports vLLM
+    when it is installed (~3 s here, in every RL stage's process) for a generation path this stage never runs
+    (``use_vllm`` stays False). The check is put back at once; a later ``use_vllm`` in this process would fail
+    loudly (trl: vLLM not available), never fall back silently."""
+    import trl.import_utils as trl_imports
+
+    available = trl_imports.is_vllm_available
+    trl_imports.is_vllm_available = lambda min_version=None: False
+    try:
+        from trl import RLOOConfig, RLOOTrainer
+    finally:
+        trl_imports.is_vllm_available = available
+    return RLOOConfig, RLOOTrainer
+
+
 def _anchored_trainer_class():
     """Built lazily so that importing the library does not import trl."""
     import torch
-    from trl import RLOOTrainer
+
+    _, RLOOTrainer = _trl_rloo()  # noqa: N806 (trl's class)
 
     from dpsynth_core.actg.anchored_rl_base import sft_loss
 
@@ -77,7 +94,8 @@ def train_with_trl(policy, tokenizer, *, prompts: list[str], targets: list[dict]
     """Run Anchored RLOO on trl; returns the per-step history (step, gamma, reward, losses)."""
     import torch
     from datasets import Dataset
-    from trl import RLOOConfig
+
+    RLOOConfig, _ = _trl_rloo()  # noqa: N806 (trl's class)
 
     def ifacc_reward(prompts, completions, attributes, **_):
         return [float(r) for r in reward_fn([c.strip() for c in completions],
