@@ -38,7 +38,13 @@ from dpsynth_core.dpsgd.checkpoint import (
 from dpsynth_core.config.resources import StageResources
 from dpsynth_core.dpsgd.config import DpSgdConfig, TrainResult
 from dpsynth_core.dpsgd.sources import ExampleSource, is_shippable
-from dpsynth_core.dpsgd.trainer import finalize_run, new_sampling_seed, new_train_state, prepare_stage
+from dpsynth_core.dpsgd.trainer import (
+    epsilon_schedule,
+    finalize_run,
+    new_sampling_seed,
+    new_train_state,
+    prepare_stage,
+)
 from dpsynth_core.errors import ConfigError
 
 RAY_STORAGE_DIRNAME = "ray_train"
@@ -150,7 +156,7 @@ def _train_loop(loop_config: dict) -> None:
             )
 
     finished = run_steps(engine, plan, state, config, on_checkpoint=report, progress=loop_config.get("progress", False),
-                         is_main=rank == 0)
+                         is_main=rank == 0, epsilons=loop_config.get("epsilons"))
     if finished:
         report(state, finished=True)
 
@@ -220,9 +226,8 @@ def run_dp_finetune(
     storage.mkdir(parents=True, exist_ok=True)
     os.chmod(storage, 0o700)  # its checkpoints hold the secret seed; Ray writes them with default modes
     resume_dir = latest_checkpoint(storage, plan, fingerprint) if resume else None
-    sampling_seed = (
-        TrainState.from_json((resume_dir / STATE_FILE).read_text()).sampling_seed if resume_dir else new_sampling_seed(config)
-    )
+    resumed = TrainState.from_json((resume_dir / STATE_FILE).read_text()) if resume_dir else None
+    sampling_seed = resumed.sampling_seed if resumed else new_sampling_seed(config)
     from ray_jobs.cluster import ensure_ray
 
     ensure_ray()  # join the cluster (RAY_ADDRESS / submitted job) or embed a local Ray
@@ -238,6 +243,8 @@ def run_dp_finetune(
             "fingerprint": fingerprint,
             "resume_dir": str(resume_dir) if resume_dir else None,
             "progress": progress,
+            # the plan's public epsilons, computed here once: the workers then need no accountant
+            "epsilons": epsilon_schedule(plan, resumed.step if resumed else 0),
         },
         scaling_config=ScalingConfig(num_workers=config.num_workers, use_gpu=use_gpu, resources_per_worker=per_worker),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),

@@ -10,7 +10,7 @@ from ray_jobs.batch_generate import BatchGenerateConfig, run
 def _config(tmp_path, **overrides):
     base = dict(
         model="tiny-llama", prompt="attributes: area=Neuroscience", num_rows=200, max_new_tokens=4,
-        num_actors=2, cpus_per_actor=1, batch_size=25, shard_size=100, output_dir=tmp_path / "out",
+        num_actors=1, cpus_per_actor=1, batch_size=25, shard_size=100, output_dir=tmp_path / "out",
     )
     base.update(overrides)
     return BatchGenerateConfig(**base)

@@ -210,3 +210,29 @@ def test_fill_budget_lowers_noise_until_the_composed_total_reaches_the_budget(tm
     assert filled.noise_multiplier < plain.noise_multiplier
     assert 3.0 * 0.995 <= ledger.projected_epsilon(filled.event()) <= 3.0
     assert filled.target_epsilon == pytest.approx(filled.epsilon_after(4))  # the stage's own figure, reported as is
+
+
+def test_run_steps_reports_the_drivers_epsilons_and_computes_none(monkeypatch):
+    """A Ray Train driver hands its workers the plan's epsilons (epsilon_schedule): the workers' run_steps
+    reports those and needs no accountant; the schedule is what the plan computes."""
+    from dpsynth_core.dpsgd.budget import PrivacyPlan
+    from dpsynth_core.dpsgd.trainer import epsilon_schedule, new_train_state, run_steps
+
+    plan = PrivacyPlan(noise_multiplier=5.0, sampling_rate=1.0, delta=1e-5, steps=20, n_units=40, user_level=False,
+                       target_epsilon=2.0, accountant="pld")
+    schedule = epsilon_schedule(plan, start_step=5)
+    assert list(schedule) == [5, 6, 8, 10, 12, 14, 16, 18, 20]  # the resumed step, then each due step
+    assert schedule == {s: plan.epsilon_after(s) for s in schedule}
+
+    class Engine:
+        step = 5
+
+        def train_step(self):
+            self.step += 1
+            return {"step": self.step, "loss": 0.5}
+
+    monkeypatch.setattr(PrivacyPlan, "epsilon_after", lambda *a: pytest.fail("a worker computed an epsilon"))
+    state = new_train_state(7, plan, "fingerprint")
+    assert run_steps(Engine(), plan, state, _cfg(steps=20), on_checkpoint=None, progress=False, epsilons=schedule)
+    assert {r["step"]: r["epsilon"] for r in state.history if r["epsilon"] is not None} == {
+        s: e for s, e in schedule.items() if s > 5}

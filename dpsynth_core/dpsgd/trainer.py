@@ -102,12 +102,25 @@ def epsilon_due(step: int, total: int) -> bool:
     return step == total or step % max(1, total // _EPS_POINTS) == 0
 
 
-def run_steps(engine, plan: PrivacyPlan, state: TrainState, config: DpSgdConfig, *, on_checkpoint, progress: bool, is_main: bool = True) -> bool:
-    """Run logical steps until ``config.steps`` (True) or ``stop_after_steps`` (False)."""
+def epsilon_schedule(plan: PrivacyPlan, start_step: int = 0) -> dict[int, float]:
+    """The epsilons ``run_steps`` reports from ``start_step`` on (each due step, and the start for the
+    progress bar): public figures of the plan. A driver computes them once for its Ray Train workers,
+    which then need no accountant (each would import dp_accounting and build the same PLD)."""
+    due = [s for s in range(start_step + 1, plan.steps + 1) if epsilon_due(s, plan.steps)]
+    return {s: plan.epsilon_after(s) for s in ([start_step] if start_step else []) + due}
+
+
+def run_steps(engine, plan: PrivacyPlan, state: TrainState, config: DpSgdConfig, *, on_checkpoint, progress: bool,
+              is_main: bool = True, epsilons: dict[int, float] | None = None) -> bool:
+    """Run logical steps until ``config.steps`` (True) or ``stop_after_steps`` (False). ``epsilons``: the
+    driver's ``epsilon_schedule`` (a step it lacks is computed here)."""
     from tqdm.auto import tqdm
 
+    def epsilon_after(step: int) -> float:
+        return epsilons[step] if epsilons is not None and step in epsilons else plan.epsilon_after(step)
+
     bar = tqdm(total=config.steps, initial=engine.step, desc="dp-sgd", disable=not (progress and is_main), dynamic_ncols=True)
-    last_eps = plan.epsilon_after(engine.step) if engine.step else 0.0
+    last_eps = epsilon_after(engine.step) if engine.step else 0.0
     try:
         while engine.step < config.steps:
             if config.stop_after_steps is not None and engine.step >= config.stop_after_steps:
@@ -116,7 +129,7 @@ def run_steps(engine, plan: PrivacyPlan, state: TrainState, config: DpSgdConfig,
                 return False
             stats = engine.train_step()
             step = stats["step"]
-            eps = plan.epsilon_after(step) if epsilon_due(step, config.steps) else None
+            eps = epsilon_after(step) if epsilon_due(step, config.steps) else None
             if eps is not None:
                 last_eps = eps
             state.step = step

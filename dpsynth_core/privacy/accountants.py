@@ -67,13 +67,32 @@ def dpsgd_dp_event(sampling_rate: float, noise_multiplier: float, steps: int):
     )
 
 
+@functools.lru_cache(maxsize=8)  # a few MB each at the 1e-4 grid (~20 MB at sigma 0.2, q 1)
+def subsampled_gaussian_pld(q: float, sigma: float, discretization: float):
+    """dp_accounting's pessimistic PLD of ONE Poisson-subsampled Gaussian step. Building it is most of
+    a PLD epsilon's cost (~1 s at the 1e-4 grid); it is kept and self-composed for any step count (a
+    run's epsilon after each step, the ledger's composition of the same event)."""
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    return pld.from_gaussian_mechanism(
+        standard_deviation=sigma,
+        value_discretization_interval=discretization,
+        sampling_prob=q,
+        neighboring_relation=pld.NeighborRel.ADD_OR_REMOVE_ONE,
+    )
+
+
 @functools.lru_cache(maxsize=4096)
 def _pld_epsilon(q: float, sigma: float, steps: int, delta: float, discretization: float) -> float:
-    from dp_accounting.pld import pld_privacy_accountant
+    # What PLDAccountant(discretization).compose(dpsgd_dp_event(...)).get_epsilon(delta) computes, call
+    # for call (identity composed with the step's PLD self-composed), with the one-step PLD shared:
+    # the same float (tests/test_privacy_accountant_speed.py checks it against the accountant).
+    from dp_accounting.pld import privacy_loss_distribution as pld
 
-    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretization)
-    acc.compose(dpsgd_dp_event(q, sigma, steps))
-    return float(acc.get_epsilon(delta))
+    composed = pld.identity(value_discretization_interval=discretization).compose(
+        subsampled_gaussian_pld(q, sigma, discretization).self_compose(steps)
+    )
+    return float(composed.get_epsilon_for_delta(delta))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -83,6 +102,25 @@ def _rdp_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
     acc = rdp_privacy_accountant.RdpAccountant()
     acc.compose(dpsgd_dp_event(q, sigma, steps))
     return float(acc.get_epsilon(delta))
+
+
+# Integer orders of dp_accounting's default RDP orders (its cheap closed form; the fractional orders
+# cost ~0.3 s a call). RDP's epsilon is the minimum over the orders, so over a subset it is never
+# below the full figure: a subset at or under WEAK_PRIVACY_EPSILON settles "not weak" exactly.
+_WEAK_CHECK_ORDERS = (2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 63.0)
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_weak_privacy(q: float, sigma: float, steps: int, delta: float) -> bool:
+    """``_rdp_epsilon(q, sigma, steps, delta) > WEAK_PRIVACY_EPSILON``, with the full RDP curve computed
+    only when a few integer orders do not already bound it below the threshold."""
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    acc = rdp_privacy_accountant.RdpAccountant(list(_WEAK_CHECK_ORDERS))
+    acc.compose(dpsgd_dp_event(q, sigma, steps))
+    if acc.get_epsilon(delta) <= WEAK_PRIVACY_EPSILON:
+        return False
+    return _rdp_epsilon(q, sigma, steps, delta) > WEAK_PRIVACY_EPSILON
 
 
 @functools.lru_cache(maxsize=1024)
@@ -122,9 +160,8 @@ def epsilon_dpsgd(
     steps = check_count("steps", steps)
     delta = check_delta(delta)
     accountant = _check_accountant(accountant)
-    rdp = _rdp_epsilon(q, sigma, steps, delta)
-    if accountant == "rdp" or rdp > WEAK_PRIVACY_EPSILON:
-        return rdp
+    if accountant == "rdp" or _is_weak_privacy(q, sigma, steps, delta):
+        return _rdp_epsilon(q, sigma, steps, delta)
     if accountant == "pld":
         return _pld_epsilon(q, sigma, steps, delta, PLD_DISCRETIZATION)
     return _prv_epsilon(q, sigma, steps, delta)
@@ -134,9 +171,10 @@ _SIGMA_MIN, _SIGMA_MAX = 1e-2, 1e4
 _SIGMA_RTOL = 5e-4
 
 
-def bisect_noise_multiplier(eps_of, lo: float, hi: float, target: float) -> float:
-    """Geometric bisection on [lo, hi] with eps_of(lo) > target >= eps_of(hi); returns the upper end
-    (the noisier side, so the guarantee holds), to ~0.05 %."""
+_MAX_GUESSES = 8
+
+
+def _plain_bisection(eps_of, lo: float, hi: float, target: float) -> float:
     while hi / lo > 1.0 + _SIGMA_RTOL:
         mid = math.sqrt(lo * hi)
         if eps_of(mid) <= target:
@@ -144,6 +182,56 @@ def bisect_noise_multiplier(eps_of, lo: float, hi: float, target: float) -> floa
         else:
             lo = mid
     return hi
+
+
+def bisect_noise_multiplier(eps_of, lo: float, hi: float, target: float) -> float:
+    """Geometric bisection on [lo, hi] with eps_of(lo) > target >= eps_of(hi); returns the upper end
+    (the noisier side, so the guarantee holds), to ~0.05 %.
+
+    The midpoints and the result are the plain bisection's (``_plain_bisection``), but a midpoint is
+    evaluated only when what is known does not settle it: eps falls as sigma grows, so a sigma at or
+    above one that met the target meets it, and one at or below a sigma that missed misses. Guesses of
+    the crossing (secant of log eps against log sigma, close to a power law) shrink that known bracket
+    in a few calls, and most midpoints are then settled without one: a ledger's PLD composition costs
+    about a second a call, and bisection makes a dozen. ``eps_of(lo)`` and ``eps_of(hi)`` are asked
+    again (callers cache them). The result is evaluated before it is returned; were eps not monotone
+    there, the plain bisection's answer is returned instead."""
+    start = (lo, hi)
+    # known: eps_of(a) > target >= eps_of(b), and their gaps log(eps) - log(target)
+    a, b = lo, hi
+    gap_a, gap_b = _log_gap(eps_of(lo), target), _log_gap(eps_of(hi), target)
+    guesses, side = 0, ""
+    while hi / lo > 1.0 + _SIGMA_RTOL:
+        mid = math.sqrt(lo * hi)
+        while a < mid < b:  # not settled yet: evaluate a guess of the crossing near mid, or mid itself
+            probe = mid
+            if guesses < _MAX_GUESSES and math.isfinite(gap_a) and math.isfinite(gap_b) and gap_a > gap_b:
+                guesses += 1
+                x_a, x_b = math.log(a), math.log(b)
+                guess = math.exp(x_b - gap_b * (x_b - x_a) / (gap_b - gap_a))
+                # a hair to the side of mid it is on: a good guess then settles mid in this one call
+                nudge = 1.0 + _SIGMA_RTOL / 4
+                probe = min(guess * nudge, mid) if guess <= mid else max(guess / nudge, mid)
+            eps = eps_of(probe)
+            if eps <= target:
+                b, gap_b = probe, _log_gap(eps, target)
+                gap_a = gap_a / 2.0 if side == "b" else gap_a  # Illinois: a stale end must not stall the guesses
+                side = "b"
+            else:
+                a, gap_a = probe, _log_gap(eps, target)
+                gap_b = gap_b / 2.0 if side == "a" else gap_b
+                side = "a"
+        if mid >= b:
+            hi = mid
+        else:
+            lo = mid
+    if eps_of(hi) <= target:
+        return hi
+    return _plain_bisection(eps_of, *start, target)
+
+
+def _log_gap(eps: float, target: float) -> float:
+    return math.log(max(eps, 1e-300)) - math.log(target)
 
 
 def interpolate_noise_multiplier(eps_of, lo: float, hi: float, target: float, floor: float, max_evals: int = 40) -> float:
@@ -198,7 +286,7 @@ def calibrate_noise_multiplier(
     accountant = _check_accountant(accountant)
 
     def search_eps(sigma: float) -> float:
-        if accountant == "pld" and _rdp_epsilon(q, sigma, steps, delta) <= WEAK_PRIVACY_EPSILON:
+        if accountant == "pld" and not _is_weak_privacy(q, sigma, steps, delta):
             return _pld_epsilon(q, sigma, steps, delta, _PLD_COARSE_DISCRETIZATION)
         return epsilon_dpsgd(q, sigma, steps, delta, accountant)
 

@@ -38,7 +38,7 @@ import functools
 import math
 from collections.abc import Sequence
 
-from dpsynth_core.privacy.accountants import PLD_DISCRETIZATION
+from dpsynth_core.privacy.accountants import PLD_DISCRETIZATION, subsampled_gaussian_pld
 from dpsynth_core.privacy.events import (
     DpSgdEvent,
     GaussianEvent,
@@ -60,12 +60,9 @@ def _private_events(events: Sequence) -> tuple:
 def _pld_of(event: DpSgdEvent | GaussianEvent):
     from dp_accounting.pld import privacy_loss_distribution as pld
 
-    if isinstance(event, DpSgdEvent):
-        return pld.from_gaussian_mechanism(
-            standard_deviation=event.noise_multiplier,
-            sampling_prob=event.sampling_rate,
-            value_discretization_interval=PLD_DISCRETIZATION,
-        ).self_compose(event.steps)
+    if isinstance(event, DpSgdEvent):  # the one-step PLD is shared with epsilon_dpsgd (built once per sigma and q)
+        return subsampled_gaussian_pld(event.sampling_rate, event.noise_multiplier, PLD_DISCRETIZATION).self_compose(
+            event.steps)
     # T Gaussian releases with multiplier s are exactly one Gaussian with multiplier s / sqrt(T).
     return pld.from_gaussian_mechanism(
         standard_deviation=event.noise_multiplier / math.sqrt(event.compositions),
