@@ -128,6 +128,8 @@ def test_serve_ray_llm_and_ray_data_logs_are_quiet_unless_verbose(monkeypatch):
     ray_logger, data_logger = logging.getLogger("ray"), logging.getLogger("ray.data")
     saved = serve_logger.level, llm_logger.level, list(llm_logger.handlers), ray_logger.level, data_logger.level
     try:
+        llm_logger.handlers[:] = []  # as a fresh process has it (another test may have quieted this one)
+        llm_logger.setLevel(logging.NOTSET)
         monkeypatch.setenv("DPSYNTH_VERBOSE", "1")
         monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
         assert serve_logging() is None
