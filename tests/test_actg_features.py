@@ -118,3 +118,12 @@ def test_biorxiv_marginals_real_split(biorxiv_csv):
     d1 = marginal_djs(a, b, 1)["mean"]
     d2 = marginal_djs(a, b, 2)["mean"]
     assert 0 < d1 < 0.15 and d1 < d2 < 0.5
+
+
+def test_too_few_aim_rounds_are_refused_before_the_budget_is_touched(tmp_path):
+    """rounds <= 0.9 x columns: smartnoise's 1-way phase alone would spend the whole rho or more (it crashed with
+    "Probabilities contain NaN"); a config error naming the key, before any row is read or anything is charged."""
+    ledger = PrivacyLedger.create(tmp_path, "toy", epsilon_budget=1.5, delta=1e-5)
+    with pytest.raises(ConfigError, match=r"features.options.rounds: 2 rounds are too few for 3 columns"):
+        synthesize_features(_real(), SCHEMA, epsilon=1.0, n_rows=10, ledger=ledger, rounds=2)
+    assert ledger.entries() == []

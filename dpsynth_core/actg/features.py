@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import io
 import itertools
+import math
 import os
 import tempfile
 import warnings
@@ -102,6 +103,14 @@ def synthesize_features(
     columns = list(columns or schema.field_names)
     if n_rows <= 0:
         raise ConfigError(f"n_rows must be > 0 (got {n_rows})")
+    rounds = aim_kwargs.get("rounds")
+    # smartnoise's AIM first measures every 1-way marginal at the noise it sized for `rounds` rounds, each
+    # costing 0.9 rho / rounds: with rounds <= 0.9 x columns that phase alone spends the whole rho or more
+    # (its next noise scale is then sqrt of a negative number: "Probabilities contain NaN")
+    if rounds is not None and not rounds > 0.9 * len(columns):
+        raise ConfigError(f"features.options.rounds: {rounds} rounds are too few for {len(columns)} columns "
+                          f"(AIM's 1-way phase alone would spend the budget); use more than "
+                          f"{math.floor(0.9 * len(columns))}, or leave it out (AIM's default: 16 x columns)")
     delta = float(ledger.delta)
     rho = aim_rho(epsilon, delta)
     event = ZCdpEvent(rho=rho)
