@@ -142,6 +142,25 @@ class GeneratorActor:
         return {"id": ids, "prompt": batch["prompt"], "text": np.asarray(texts, dtype=object)}
 
 
+def _generated(items: list[dict], config: BatchGenerateConfig, num_blocks: int):
+    """Rows ``{id, prompt}`` -> a dataset of ``{id, prompt, text}`` on the configured runner."""
+    import ray
+
+    if config.runner == "ray_data_llm":
+        from ray_jobs.ray_llm_batch import generate
+
+        return generate(items, config, num_blocks=num_blocks)
+    return ray.data.from_items(items, override_num_blocks=num_blocks).map_batches(
+        GeneratorActor,
+        fn_constructor_kwargs={"config": config.model_dump(mode="json")},
+        batch_size=config.batch_size,
+        concurrency=config.num_actors,
+        num_cpus=config.cpus_per_actor,
+        num_gpus=config.gpus_per_actor or None,
+        batch_format="numpy",
+    )
+
+
 def _shard_path(config: BatchGenerateConfig, index: int) -> Path:
     return config.output_dir / f"shard-{index:05d}.{config.output_format}"
 
@@ -170,27 +189,26 @@ def run(config: BatchGenerateConfig) -> dict:
     keep_ray_quiet()
     start = time.perf_counter()
     rows = 0
-    for index in tqdm(todo, desc="shards", unit="shard", initial=n_shards - len(todo), total=n_shards):
-        lo, hi = index * config.shard_size, min(len(prompts), (index + 1) * config.shard_size)
-        items = [{"id": i, "prompt": prompts[i]} for i in range(lo, hi)]
-        if config.runner == "ray_data_llm":
-            from ray_jobs.ray_llm_batch import generate
-
-            out = generate(items, config, num_blocks=max(1, config.num_actors * 2))
-        else:
-            ds = ray.data.from_items(items, override_num_blocks=max(1, config.num_actors * 2))
-            out = ds.map_batches(
-                GeneratorActor,
-                fn_constructor_kwargs={"config": config.model_dump(mode="json")},
-                batch_size=config.batch_size,
-                concurrency=config.num_actors,
-                num_cpus=config.cpus_per_actor,
-                num_gpus=config.gpus_per_actor or None,
-                batch_format="numpy",
-            )
-        frame = out.to_pandas().sort_values("id").reset_index(drop=True)
-        _write_atomic(frame, _shard_path(config, index), config.output_format)
-        rows += len(frame)
+    bounds = {index: (index * config.shard_size, min(len(prompts), (index + 1) * config.shard_size)) for index in todo}
+    items = [{"id": i, "prompt": prompts[i]} for lo, hi in bounds.values() for i in range(lo, hi)]
+    # One dataset for every missing shard, so the engine actors (one model load each) serve them all; each
+    # shard is written, atomically, as soon as its last row arrives (a crash keeps the finished ones).
+    num_blocks = max(1, config.num_actors * 2, len(todo))
+    pending: dict[int, list[pd.DataFrame]] = {index: [] for index in todo}
+    with tqdm(desc="shards", unit="shard", initial=n_shards - len(todo), total=n_shards) as bar:
+        results = _generated(items, config, num_blocks).iter_batches(batch_format="pandas", batch_size=None) \
+            if items else []
+        for batch in results:
+            for index, part in batch.groupby(batch["id"] // config.shard_size):
+                pending[index].append(part)
+                lo, hi = bounds[index]
+                if sum(len(p) for p in pending[index]) == hi - lo:
+                    frame = pd.concat(pending.pop(index)).sort_values("id").reset_index(drop=True)
+                    _write_atomic(frame[["id", "prompt", "text"]], _shard_path(config, index), config.output_format)
+                    rows += len(frame)
+                    bar.update(1)
+    if pending:  # every row comes back once; a shard left here means rows were lost on the way
+        raise RuntimeError(f"batch generation: shards {sorted(pending)} did not receive all their rows")
     elapsed = time.perf_counter() - start
     summary = {
         "rows_generated": rows, "shards_total": n_shards, "shards_skipped": n_shards - len(todo),
