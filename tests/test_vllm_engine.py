@@ -159,8 +159,11 @@ def test_vllm_import_notices_are_silenced_where_a_root_handler_prints_them() -> 
     import subprocess
     import sys
 
+    from dpsynth_core.quiet import _QUIET_ENV, quiet_env
+
     info = "import logging; logging.basicConfig(level=logging.INFO)\n"
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"}
+    # a process outside the CLI's quiet environment (an earlier test in this worker may have run the CLI in-process)
+    env = {**{k: v for k, v in os.environ.items() if k not in _QUIET_ENV}, "VLLM_LOGGING_LEVEL": "ERROR"}
 
     def stderr(code: str) -> str:
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
@@ -175,8 +178,6 @@ def test_vllm_import_notices_are_silenced_where_a_root_handler_prints_them() -> 
     assert "Triton" not in stderr("import vllm.triton_utils")
     # without triton, torch logs its own notice when vLLM registers its ops (its own handler, in every engine
     # process); the CLI's environment (dpsynth_core.quiet: TORCH_LOGS) keeps it off the screen
-    from dpsynth_core.quiet import quiet_env
-
     scan = "from torch._library.triton import get_inner_triton_kernels\nget_inner_triton_kernels(len)"
     assert "Triton not available" in stderr(scan)
     env.update(quiet_env())
