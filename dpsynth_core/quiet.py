@@ -127,14 +127,16 @@ def quiet_process() -> None:
     warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions", category=UserWarning)
     # vLLM logs this on import, before its own logging is configured (so VLLM_LOGGING_LEVEL misses it)
     logging.getLogger("vllm.triton_utils.importing").setLevel(logging.ERROR)
-    token_logger = logging.getLogger(_RAY_TOKEN_LOGGER)
-    if not any(isinstance(f, _DropText) for f in token_logger.filters):
-        token_logger.addFilter(_DropText(_RAY_TOKEN_NOTICE))
+    _drop_notice(_RAY_TOKEN_LOGGER, _RAY_TOKEN_NOTICE)
     # Ray's LLM batch processor calls ray.init() again (ignore_reinit_error): Ray says so at INFO
-    init_logger = logging.getLogger(_RAY_INIT_LOGGER)
-    if not any(isinstance(f, _DropText) for f in init_logger.filters):
-        init_logger.addFilter(_DropText(_RAY_REINIT_NOTICE))
+    _drop_notice(_RAY_INIT_LOGGER, _RAY_REINIT_NOTICE)
     quiet_ray_llm_loggers()
+
+
+def _drop_notice(logger_name: str, text: str) -> None:
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, _DropText) and f.text == text for f in logger.filters):
+        logger.addFilter(_DropText(text))
 
 
 def quiet_trainer(trainer) -> None:

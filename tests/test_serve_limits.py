@@ -242,14 +242,12 @@ def test_ready_reports_overload_while_health_stays_liveness(served):
             break
         try:
             busy.result(timeout_s=0.1)
-            refused = False  # it ran to the end without /ready ever seeing it: that is the failure below
         except TimeoutError:
-            refused = False
-        except Exception:  # refused (back-pressure) or failed before it held the slot
-            refused = True
-        if not refused:
-            break
-        _wait_ready(url, timeout=15)
+            break  # still holding the slot, unseen by /ready: the assertions below judge it
+        except Exception:  # refused at once (back-pressure): try again
+            _wait_ready(url, timeout=15)
+            continue
+        break  # it ran to the end without /ready ever seeing it: the assertions below fail
     # the replica's own state, not the ingress's count ("saturated: N requests in flight"): the ping times out, or,
     # when an earlier probe's cancelled ping still holds the replica's queue place (a loaded machine), is refused
     probe = r.json()["models"]["slow"]
