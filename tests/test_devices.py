@@ -92,3 +92,23 @@ def test_cpu_placement_does_not_initialise_cuda():
         "assert p.device == 'cpu' and not torch.cuda.is_initialized()\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_torch_threads_follow_the_cpus_a_stage_was_given_unless_configured():
+    """torch_threads: null (the default) takes OMP_NUM_THREADS, which Ray sets per task but torch reads only
+    at import: a reused worker's second task must not keep the first task's count. In a fresh process: an
+    engine run in this one (vLLM's CPU worker pins its threads) leaves torch's count fixed."""
+    script = (
+        "import os, torch\n"
+        "from dpsynth_core.config.placement import apply_torch_threads\n"
+        "torch.set_num_threads(2)\n"
+        "os.environ['OMP_NUM_THREADS'] = '1'\n"  # the next task was given one CPU
+        "print(apply_torch_threads(None), torch.get_num_threads(), apply_torch_threads(2))\n"  # configured wins
+        "del os.environ['OMP_NUM_THREADS']\n"
+        "print(apply_torch_threads(None))\n"  # nothing given: left as it is
+        "os.environ['OMP_NUM_THREADS'] = 'x'\n"
+        "print(apply_torch_threads(None))\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "OMP_NUM_THREADS"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:3] == ["1 1 2", "2", "2"], done.stdout

@@ -87,7 +87,7 @@ class ActgConfig(StrictConfig):
     best_of_n: BestOfNSettings = Field(default_factory=BestOfNSettings)
     rl: AnchoredRLConfig = Field(default_factory=AnchoredRLConfig)
     evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
-    torch_threads: Annotated[int, THREADS_CAP] = Field(2, ge=1)
+    torch_threads: Annotated[int | None, THREADS_CAP] = Field(None, ge=1)  # None: the CPUs the stage was given
     # every stage's device and dtype where its own section leaves them auto (extractor, reward, generator and
     # so features.lm, generation, rl); a section's own device/dtype overrides it (None: unset, so a run made before this key
     # existed is the same run: runs/run_dir.changed_keys)

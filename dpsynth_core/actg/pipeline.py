@@ -123,7 +123,8 @@ class ActgMethod(Method):
         return f"actg ({self.config.mode})"
 
     def identity(self) -> tuple[dict, tuple[str, ...]]:
-        return self.config.model_dump(mode="json"), ("stop_after_stage",)  # a test knob, not the run's identity
+        # how a run executes, not what it is: a test knob, and the CPU threads of its stages
+        return self.config.model_dump(mode="json"), ("stop_after_stage", "torch_threads")
 
     def stop_after(self) -> str | None:
         return self.config.stop_after_stage

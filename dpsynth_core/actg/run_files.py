@@ -47,9 +47,9 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def set_torch_threads(cfg) -> None:
-    import torch
+    from dpsynth_core.config.placement import apply_torch_threads
 
-    torch.set_num_threads(cfg.torch_threads)
+    apply_torch_threads(cfg.torch_threads)
 
 
 def load_run_schema(cfg, root: Path):

@@ -123,7 +123,7 @@ def run_dpsgd_audit(
     progress: bool = False,
 ) -> AuditResult:
     """Train ``config`` on ``examples`` + secretly included canaries and bound epsilon from below."""
-    import torch
+    from dpsynth_core.config.placement import apply_torch_threads
     from tqdm.auto import tqdm
 
     from dpsynth_core.dpsgd.budget import plan_privacy
@@ -132,8 +132,7 @@ def run_dpsgd_audit(
 
     _check_config(config, settings, allow_test_only)
     started = time.monotonic()
-    if config.torch_threads:
-        torch.set_num_threads(config.torch_threads)
+    apply_torch_threads(config.torch_threads)
     # q and sigma from the public size (records + m/2 expected canaries), fixed before any canary is
     # drawn: the number included is secret, and the audited mechanism must not depend on it
     public = config.model_copy(update={"public_num_units": len(examples) + settings.canaries // 2})

@@ -134,3 +134,20 @@ def ray_num_gpus(device: DeviceChoice, cluster_gpus: float) -> float:
     if device == "cuda":
         return 1.0
     return 1.0 if cluster_gpus >= 1 else 0.0
+
+
+def apply_torch_threads(configured: int | None) -> int:
+    """Set torch's intra-op threads: ``configured`` when given, else the CPUs this process was given.
+
+    Ray sets ``OMP_NUM_THREADS`` to a task's ``num_cpus`` on every task, but torch reads it only once, at
+    import, and a reused worker keeps the count of the task that imported torch first: so it is read again
+    here. Without either, torch keeps its own default (the machine's cores). Returns the count in use."""
+    import torch
+
+    threads = configured
+    if threads is None:
+        given = os.environ.get("OMP_NUM_THREADS", "")
+        threads = int(given) if given.isdigit() and int(given) > 0 else None
+    if threads is not None and threads != torch.get_num_threads():
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()

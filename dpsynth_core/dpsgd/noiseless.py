@@ -27,7 +27,7 @@ def train_noiseless_lora(examples, config, *, output_dir: Path, ledger, stage: s
 
     Writes ``output_dir/adapter`` (peft adapter + dp_training.json with noise_multiplier 0) and
     returns a ``TrainResult`` (epsilon inf)."""
-    import torch
+    from dpsynth_core.config.placement import apply_torch_threads
 
     from dpsynth_core.dpsgd.budget import sampling_rate
     from dpsynth_core.dpsgd.config import TrainResult
@@ -38,8 +38,7 @@ def train_noiseless_lora(examples, config, *, output_dir: Path, ledger, stage: s
     from dpsynth_core.runs.files import atomic_dir
 
     ledger.mark_not_private(stage, NO_NOISE_GENERATOR)
-    if config.torch_threads:
-        torch.set_num_threads(config.torch_threads)
+    apply_torch_threads(config.torch_threads)
     engine = DpSgdEngine(examples, config, noise_multiplier=0.0, sampling_seed=secret_seed(62),
                          clipper_factory=no_clipping, per_example_penalty=per_example_penalty)
     history = []

@@ -275,15 +275,11 @@ def _train(source: ExampleSource, config: DpSgdConfig, *, output_dir: Path, ledg
             )
         return runner(source, config, output_dir=output_dir, ledger=ledger, stage=stage,
                       per_example_penalty=per_example_penalty, progress=progress, resume=resume)
-    import torch
-
+    from dpsynth_core.config.placement import apply_torch_threads, resolve_placement
     from dpsynth_core.dpsgd.engine import DpSgdEngine
 
-    from dpsynth_core.config.placement import resolve_placement
-
     resolve_placement(config.device, config.dtype)  # device: cuda without a GPU fails before the data is read
-    if config.torch_threads:
-        torch.set_num_threads(config.torch_threads)
+    apply_torch_threads(config.torch_threads)
     examples, plan, fingerprint = prepare_stage(source, config, ledger=ledger, stage=stage)
     if not resume:
         discard_checkpoint(output_dir / CHECKPOINT_DIRNAME)  # a fresh start leaves no old seed behind

@@ -23,12 +23,11 @@ class HFEngine(TextEngine):
     backend = "hf"
 
     def __init__(self, config: EngineConfig) -> None:
-        import torch
+        from dpsynth_core.config.placement import apply_torch_threads
 
         from dpsynth_core.engines.placement import engine_placement
 
-        if config.torch_threads:
-            torch.set_num_threads(config.torch_threads)
+        apply_torch_threads(config.torch_threads)
         self.config = config
         self.placement = engine_placement(config)  # GPU bf16 where this process sees one, else CPU fp32
         self.model, self.tokenizer = load_hf_model(config.model, config.adapter_dir, self.placement)

@@ -275,7 +275,7 @@ class TrainingSettings(StrictConfig):
     clipping: str = "ghost"
     max_seq_len: Annotated[int, SEQ_LEN_CAP] = Field(128, ge=16)
     seed: int = 0  # column order of the serialized rows (data-independent) and the LoRA init
-    torch_threads: Annotated[int | None, THREADS_CAP] = Field(2, ge=1)
+    torch_threads: Annotated[int | None, THREADS_CAP] = Field(None, ge=1)  # None: the CPUs the stage was given
     public_stage: PublicStageSettings = Field(default_factory=PublicStageSettings)
 
 

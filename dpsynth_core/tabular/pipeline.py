@@ -49,7 +49,7 @@ from dpsynth_core.tabular.stages_model import plan_model, stage_model
 from dpsynth_core.tabular.stages_report import stage_evaluate, stage_reference
 
 STAGES = ["prepare", "fair_stats", "marginals", "train", "generate", "release", "evaluate", "reference"]
-EXECUTION_ONLY = ("use_ray", "resources")  # config keys that change how a run executes, not its outputs
+EXECUTION_ONLY = ("use_ray", "resources", "training.torch_threads")  # how a run executes, not what it is
 
 __all__ = ["STAGES", "DpFairMethod", "local_runner", "run_dpfair", "stages_to_run"]
 

@@ -39,7 +39,7 @@ def stage_model(cfg: DpFairConfig, root: str) -> dict:
 
     Reads the private rows from their source itself; its arguments are the config and a path.
     """
-    import torch
+    from dpsynth_core.config.placement import apply_torch_threads
 
     from dpsynth_core.tabular.serialize import RowSerializer
 
@@ -52,8 +52,7 @@ def stage_model(cfg: DpFairConfig, root: str) -> dict:
         schema = schema.select(run_column_order(cfg, run, schema))
     ser = RowSerializer(schema, separator=cfg.serialization.separator, prefix=cfg.serialization.prefix,  # type: ignore[arg-type]
                         random_order=cfg.serialization.random_order, seed=cfg.training.seed)
-    if cfg.training.torch_threads:
-        torch.set_num_threads(cfg.training.torch_threads)
+    apply_torch_threads(cfg.training.torch_threads)
     if not marks.done("train"):
         base, public = _public_stage(cfg, run, schema)
         marks.mark("train", {**_train(cfg, run, schema, ser, base), "base_model": base, "public_stage": public})
