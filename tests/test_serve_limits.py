@@ -89,6 +89,14 @@ def _in_background(fn, *args) -> tuple[threading.Thread, list]:
     return thread, out
 
 
+def _result_or_error(response):
+    """A Serve handle call's result, or the exception it ended with (refused, cancelled)."""
+    try:
+        return response.result(timeout_s=120)
+    except Exception as exc:
+        return exc
+
+
 def _chunked_upload(url: str, total_bytes: int, chunk_bytes: int = 64 * 1024) -> tuple[str, int]:
     """POST a chunked body of up to ``total_bytes``, stopping as soon as the server answers.
 
@@ -231,23 +239,19 @@ def test_ready_reports_overload_while_health_stays_liveness(served):
         thread.join(30)
     _wait_ready(url, timeout=15)
     # A Python-handle caller (not counted by the ingress) holds the slot: the ping gets no answer. It holds the
-    # slot for its 10 s batch wait once it reaches the replica; on a loaded machine a cancelled earlier request
-    # can still hold the one queue place, and the handle call is then refused at once: try it again.
-    for attempt in range(3):
+    # slot for its 10 s batch wait once it reaches the replica, which on a loaded machine can take a while: /ready
+    # is polled until it says so or the call has ended (never seen: the assertions below fail). A cancelled
+    # earlier request can still hold the one queue place, and the call is then refused at once: try it again.
+    for _ in range(3):
         busy = handle.generate.remote(GenerationRequest(prompts=["x"], max_new_tokens=4), "slow")
-        deadline = time.monotonic() + 12
-        while (r := httpx.get(url + "/ready", timeout=10)).status_code == 200 and time.monotonic() < deadline:
+        waiter, outcome = _in_background(_result_or_error, busy)
+        deadline = time.monotonic() + 60
+        while ((r := httpx.get(url + "/ready", timeout=10)).status_code == 200 and waiter.is_alive()
+               and time.monotonic() < deadline):
             time.sleep(0.2)
-        if r.status_code == 503:
+        if r.status_code == 503 or waiter.is_alive() or not isinstance(outcome[0], Exception):
             break
-        try:
-            busy.result(timeout_s=0.1)
-        except TimeoutError:
-            break  # still holding the slot, unseen by /ready: the assertions below judge it
-        except Exception:  # refused at once (back-pressure): try again
-            _wait_ready(url, timeout=15)
-            continue
-        break  # it ran to the end without /ready ever seeing it: the assertions below fail
+        _wait_ready(url, timeout=15)  # refused at once (back-pressure): try again
     # the replica's own state, not the ingress's count ("saturated: N requests in flight"): the ping times out, or,
     # when an earlier probe's cancelled ping still holds the replica's queue place (a loaded machine), is refused
     probe = r.json()["models"]["slow"]
