@@ -69,3 +69,24 @@ def test_two_configs_cannot_share_one_run_directory(tmp_path):
     with pytest.raises(ConfigError, match=r"different config \(changed: name\)"):
         run_method(second)
     assert _tree(tmp_path) == before
+
+
+def test_a_run_begun_with_two_torch_threads_resumes_under_the_cpus_given_default(tmp_path):
+    """torch_threads (default 2 before, now the CPUs a stage was given) says how a run executes, not what it is:
+    a run begun with the old default reopens, with no "different config" refusal, for ACTG and DPFairLLM."""
+    from dpsynth_core.actg.pipeline import ActgMethod, load_actg_config
+    from dpsynth_core.runs import open_run_dir
+    from dpsynth_core.tabular.config import DpFairConfig
+    from dpsynth_core.tabular.pipeline import DpFairMethod
+
+    repo = Path(__file__).resolve().parent.parent
+    actg = load_actg_config(repo / "configs" / "actg_tiny.yaml").model_copy(update={"run_dir": str(tmp_path / "actg")})
+    dpfair = DpFairConfig.model_validate(yaml.safe_load((repo / "configs" / "dpfair_tiny_test.yaml").read_text())
+                                         | {"output_dir": str(tmp_path / "dpfair")})
+    cases = ((ActgMethod(actg), {"torch_threads": 2}), (DpFairMethod(dpfair), {"training": {"torch_threads": 2}}))
+    for method, old in cases:
+        snapshot, ignore = method.identity()
+        assert yaml.safe_dump(snapshot).count("torch_threads: null") == 1  # the new default
+        begun = {**snapshot, **{k: ({**snapshot[k], **v} if isinstance(v, dict) else v) for k, v in old.items()}}
+        open_run_dir(method.run_dir(), begun, resume=True, ignore=ignore)
+        assert open_run_dir(method.run_dir(), snapshot, resume=True, ignore=ignore) == method.run_dir()
