@@ -195,14 +195,16 @@ def run(config: BatchGenerateConfig) -> dict:
     # shard is written, atomically, as soon as its last row arrives (a crash keeps the finished ones).
     num_blocks = max(1, config.num_actors * 2, len(todo))
     pending: dict[int, list[pd.DataFrame]] = {index: [] for index in todo}
+    missing = {index: hi - lo for index, (lo, hi) in bounds.items()}  # rows each shard still waits for
+    batches = ()
+    if items:
+        batches = _generated(items, config, num_blocks).iter_batches(batch_format="pandas", batch_size=None)
     with tqdm(desc="shards", unit="shard", initial=n_shards - len(todo), total=n_shards) as bar:
-        results = _generated(items, config, num_blocks).iter_batches(batch_format="pandas", batch_size=None) \
-            if items else []
-        for batch in results:
+        for batch in batches:
             for index, part in batch.groupby(batch["id"] // config.shard_size):
                 pending[index].append(part)
-                lo, hi = bounds[index]
-                if sum(len(p) for p in pending[index]) == hi - lo:
+                missing[index] -= len(part)
+                if missing[index] == 0:
                     frame = pd.concat(pending.pop(index)).sort_values("id").reset_index(drop=True)
                     _write_atomic(frame[["id", "prompt", "text"]], _shard_path(config, index), config.output_format)
                     rows += len(frame)
