@@ -9,8 +9,8 @@ run directory path; stages hand artifacts to each other through the run director
 done-marker records the node (and GPU ids) its stage ran on. Inside a submitted job the run
 directory must be shared storage (``dpsynth_core.runs.storage``). The ``private`` stage is the only one
 that reads private records. The ``anchored_rl`` stage runs in a worker of its own runtime
-environment whose ``DPSYNTH_DATA_DIR`` points at an empty directory, so even a stray
-``data_dir()`` call there finds no private file.
+environment (never one that ran another stage) whose ``DPSYNTH_DATA_DIR`` is ``/dev/null``, so even a
+stray ``data_dir()`` call there finds no private file.
 DP-SGD runs in the ``private`` stage's worker (``generator.num_workers: 1``). The engine no longer
 starts Ray Train itself: multi-worker DP-SGD needs a runner (``ray_jobs.dp_finetune``) and an
 example source the Train workers load themselves (the examples are records plus extracted
@@ -46,6 +46,11 @@ def stage_resources(cfg: ActgConfig, stage: str):
     return resources
 
 
+# Never a directory, so a stray ``data_dir()`` in the RL stage raises. One value for every run: Ray keeps a worker
+# pool per runtime environment, so RL stages reuse each other's warm workers, never one that ran another stage.
+NO_DATA_DIR = os.devnull
+
+
 def ray_runner(fn, cfg: ActgConfig, root: str, *, isolated: bool = False) -> dict:
     """Run ``fn(cfg, root)`` as a Ray task sized by ``cfg.resources``; return its (small, JSON) summary."""
     import ray
@@ -55,9 +60,7 @@ def ray_runner(fn, cfg: ActgConfig, root: str, *, isolated: bool = False) -> dic
     opts = stage_options(stage_resources(cfg, stage), stage)
     env = dict(OFFLINE_ENV)
     if isolated:  # the RL stage: no private data directory reachable from its worker
-        empty = Path(root) / "rl" / "no_private_data"
-        empty.mkdir(parents=True, exist_ok=True)
-        env["DPSYNTH_DATA_DIR"] = str(empty)
+        env["DPSYNTH_DATA_DIR"] = NO_DATA_DIR
     task = ray.remote(stage_in_run_dir(fn, root)).options(**opts, max_retries=0, runtime_env={"env_vars": env}, name=name)
     return run_stage_task(task, cfg, str(Path(root).resolve()), stage=stage, run_dir=root)
 

@@ -293,3 +293,35 @@ def test_the_trl_trainer_is_imported_without_vllm():
                          cwd=Path(__file__).resolve().parent.parent)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["RLOOTrainer", "RLOOConfig", "False", "True"]
+
+
+def test_the_rl_stage_worker_reaches_no_data_dir_and_serves_every_run(ray_session, tmp_path):
+    """ray_jobs.actg runs the isolated stage where data_dir() fails, in a worker no other stage shares; its
+    runtime environment is the same for every run, so a second run's RL stage finds a warm worker."""
+    from dpsynth_core.actg.pipeline import ActgConfig
+    from ray_jobs.actg import ray_runner
+
+    def stage_anchored_rl(cfg, root):  # nested: pickled by value into the worker
+        import os
+
+        from dpsynth_core.data import data_dir
+
+        try:
+            data_dir()
+            reached = True
+        except DataError:
+            reached = False
+        return {"reached": reached, "pid": os.getpid()}
+
+    def stage_evaluate(cfg, root):
+        import os
+
+        return {"pid": os.getpid()}
+
+    cfg = ActgConfig()
+    first = ray_runner(stage_anchored_rl, cfg, str(tmp_path / "a"), isolated=True)
+    other_stage = ray_runner(stage_evaluate, cfg, str(tmp_path / "a"))
+    second = ray_runner(stage_anchored_rl, cfg, str(tmp_path / "b"), isolated=True)
+    assert not first["reached"] and not second["reached"]
+    assert other_stage["pid"] != first["pid"]
+    assert second["pid"] == first["pid"]

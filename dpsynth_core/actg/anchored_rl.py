@@ -29,9 +29,9 @@ Privacy: the RL stage sees NO private record. Its only inputs are the fields of
 set (generated from the DP generator) and the DP generator itself -- so it is post-processing
 and costs nothing (the pipeline records a PostProcessingEvent). This is enforced structurally:
 :func:`run_anchored_rl` accepts only an :class:`RLArtifacts` of paths, refuses any path that lies
-inside the private data directory, and the pipeline runs it in a fresh Ray worker whose
-``DPSYNTH_DATA_DIR`` points at an empty directory (tests/test_anchored_rl.py audits every file
-the stage opens).
+inside the private data directory, and the pipeline runs it in a Ray worker of its own runtime
+environment (never one that ran another stage) whose ``DPSYNTH_DATA_DIR`` is ``/dev/null``
+(tests/test_anchored_rl.py audits every file the stage opens).
 
 GPU clusters (7B-class policies): no DP-SGD is needed here, so the stage scales with DeepSpeed
 ZeRO-3: ``ray_jobs.rl_deepspeed`` runs :func:`run_anchored_rl` on Ray Train workers with
