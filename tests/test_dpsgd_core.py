@@ -236,3 +236,33 @@ def test_run_steps_reports_the_drivers_epsilons_and_computes_none(monkeypatch):
     assert run_steps(Engine(), plan, state, _cfg(steps=20), on_checkpoint=None, progress=False, epsilons=schedule)
     assert {r["step"]: r["epsilon"] for r in state.history if r["epsilon"] is not None} == {
         s: e for s, e in schedule.items() if s > 5}
+
+
+def test_fill_budget_checks_its_search_on_the_exact_composition(tmp_path):
+    """fill_budget searches on the ledger's faster upper bound: a bound that reads low (0.97: rounding) never takes
+    the total over the budget, and a loose one (1.02) still ends within rel_tol of it, both checked exactly."""
+    from dpsynth_core.dpsgd.budget import PrivacyPlan, fit_to_ledger
+    from dpsynth_core.privacy import GaussianEvent, PrivacyLedger
+
+    ledger = PrivacyLedger.create(tmp_path, dataset="toy", epsilon_budget=3.0, delta=1e-5)
+    ledger.record("domain", GaussianEvent(noise_multiplier=20.0))
+
+    class SkewedBound:
+        def __init__(self, error: float) -> None:
+            self.error = error
+
+        def __getattr__(self, name):
+            return getattr(ledger, name)
+
+        def projected_epsilon(self, event, upper_bound=False):
+            exact = ledger.projected_epsilon(event)
+            return exact * self.error if upper_bound else exact
+
+    # sampling rate 1: a plain Gaussian per step, whose PLD is quick to build
+    plan = PrivacyPlan(noise_multiplier=3.0, sampling_rate=1.0, delta=1e-5, steps=2, n_units=16, user_level=False,
+                       target_epsilon=1.0, accountant="pld")
+    assert ledger.projected_epsilon(plan.event()) < 3.0 * 0.9  # budget left unspent: fill lowers the noise
+    for error in (0.97, 1.02):
+        filled = fit_to_ledger(plan, SkewedBound(error), fill=True)
+        assert filled.noise_multiplier < plan.noise_multiplier
+        assert 3.0 * (1 - 3e-3) <= ledger.projected_epsilon(filled.event()) <= 3.0, error

@@ -323,3 +323,21 @@ def test_ledger_show_and_the_release_state_m_times_delta_with_the_public_size(tm
     manifest = json.loads((tmp_path / "release" / "MANIFEST.json").read_text())
     assert manifest["public_size"] == 300 and manifest["m_times_delta"] == pytest.approx(0.003)
     assert PrivacyLedger.create(tmp_path / "old", "d", 4.0, 1e-5).public_size is None  # made without one
+
+
+def test_the_search_bound_is_not_below_the_ledgers_epsilon(tmp_path):
+    """compose_upper_bound (fill_budget's search figure) is at least the recorded composition, within 1 %
+    of it where PLD is the tightest candidate, and falls back to it for a selection (RDP only)."""
+    from dpsynth_core.privacy import SelectionEvent
+    from dpsynth_core.privacy.composition import compose_upper_bound, compose_with_details
+
+    small = DpSgdEvent(noise_multiplier=0.9, sampling_rate=0.1, steps=20)
+    for events in ([small], [HIST, small], [AIM, small], [AIM, HIST], [HIST, GaussianEvent(noise_multiplier=5.0)]):
+        exact, method, _ = compose_with_details(events, DELTA)
+        bound = compose_upper_bound([*events, PostProcessingEvent()], DELTA)
+        assert bound >= exact, events
+        if method == "pld":
+            assert bound <= exact * 1.01, events
+    selection = [HIST, SelectionEvent(candidates=((small,),), mean_trials=2.0)]
+    assert compose_upper_bound(selection, DELTA) == compose_with_details(selection, DELTA)[0]
+    assert compose_upper_bound([PostProcessingEvent()], DELTA) == 0.0

@@ -150,13 +150,14 @@ def fit_to_ledger(plan: PrivacyPlan, ledger, rel_tol: float = 1e-3, fill: bool =
 
     Composition is also often *sub*-additive (PLD of several Gaussians), so a last stage calibrated
     to "what is left" leaves budget unspent. With ``fill`` the noise is lowered until the projected
-    total reaches the budget (within ``rel_tol``, never above it). Without it the noise never goes
+    total reaches the budget (within ``rel_tol``, never above it): searched on the ledger's faster upper
+    bound, then checked, and finished if needed, on its exact composition. Without it the noise never goes
     below the stage's own calibration.
     """
     import dataclasses
     import functools
 
-    from dpsynth_core.privacy.accountants import bisect_noise_multiplier, interpolate_noise_multiplier
+    from dpsynth_core.privacy.accountants import bisect_noise_multiplier
 
     budget = ledger.epsilon_budget * (1.0 - rel_tol)
 
@@ -167,16 +168,22 @@ def fit_to_ledger(plan: PrivacyPlan, ledger, rel_tol: float = 1e-3, fill: bool =
     def projected(sigma: float) -> float:
         return ledger.projected_epsilon(at(sigma).event())
 
-    if projected(plan.noise_multiplier) <= ledger.epsilon_budget:
-        if not fill or projected(plan.noise_multiplier) >= budget * (1.0 - 2 * rel_tol):
+    @functools.lru_cache(maxsize=None)
+    def upper_bound(sigma: float) -> float:  # a few times faster; checked with ``projected`` before use
+        return ledger.projected_epsilon(at(sigma).event(), upper_bound=True)
+
+    floor, sigma0 = budget * (1.0 - 2 * rel_tol), plan.noise_multiplier
+    if fill and (upper_bound(sigma0) < floor or projected(sigma0) < floor):  # budget left unspent: lower the noise
+        sigma = _filled_noise(upper_bound, sigma0, budget, floor) if upper_bound(sigma0) <= budget else None
+        if sigma is not None and projected(sigma) < floor:  # the bound was loose here: finish on the exact figure
+            sigma = _filled_noise(projected, sigma, budget, floor)
+        if sigma is None or projected(sigma) > budget:  # rounding put the bound below the exact figure
+            sigma = _filled_noise(projected, sigma0, budget, floor) if projected(sigma0) <= budget else None
+        if sigma is None:  # noise this small is not a real plan: keep the stage's own calibration
             return plan
-        lo, hi = plan.noise_multiplier * 0.9, plan.noise_multiplier
-        while projected(lo) <= budget:
-            lo, hi = lo * 0.5, lo
-            if lo < 1e-3:  # noise this small is not a real plan: keep the stage's own calibration
-                return plan
-        sigma = interpolate_noise_multiplier(projected, lo, hi, budget, floor=budget * (1.0 - 2 * rel_tol))
         return dataclasses.replace(at(sigma), target_epsilon=at(sigma).epsilon_after(plan.steps))
+    if projected(sigma0) <= ledger.epsilon_budget:
+        return plan
     if ledger.total_epsilon() + plan.target_epsilon > ledger.epsilon_budget * (1.0 + 1e-9):
         return plan  # asks for more than is left: a config error, refused, not silently noisier
 
@@ -186,3 +193,16 @@ def fit_to_ledger(plan: PrivacyPlan, ledger, rel_tol: float = 1e-3, fill: bool =
         if hi > 1e4:  # the other stages already use up the budget: let ledger.check refuse
             return plan
     return at(bisect_noise_multiplier(projected, lo, hi, budget))
+
+
+def _filled_noise(eps_of, sigma: float, budget: float, floor: float) -> float | None:
+    """A noise multiplier below ``sigma`` with ``floor <= eps_of <= budget`` (or the closest from below the
+    budget), given ``eps_of(sigma) <= budget``; None when it would have to go below 1e-3."""
+    from dpsynth_core.privacy.accountants import interpolate_noise_multiplier
+
+    lo, hi = sigma * 0.9, sigma
+    while eps_of(lo) <= budget:
+        lo, hi = lo * 0.5, lo
+        if lo < 1e-3:
+            return None
+    return interpolate_noise_multiplier(eps_of, lo, hi, budget, floor=floor)

@@ -29,7 +29,7 @@ from dpsynth_core.privacy._validate import (
 
 ACCOUNTANTS = ("pld", "rdp", "prv")
 PLD_DISCRETIZATION = 1e-4
-_PLD_COARSE_DISCRETIZATION = 1e-3  # a 10x coarser grid: faster, still pessimistic (an upper bound)
+PLD_COARSE_DISCRETIZATION = 1e-3  # a 10x coarser grid: faster, still pessimistic (an upper bound)
 PRV_EPS_ERROR = 0.01
 # Above this epsilon every accountant reports the RDP bound: PLD and PRV grids grow with epsilon
 # (sigma = 0.02 at q = 0.01, T = 1000 runs for minutes), RDP answers in milliseconds, and it is a
@@ -287,7 +287,7 @@ def calibrate_noise_multiplier(
 
     def search_eps(sigma: float) -> float:
         if accountant == "pld" and not _is_weak_privacy(q, sigma, steps, delta):
-            return _pld_epsilon(q, sigma, steps, delta, _PLD_COARSE_DISCRETIZATION)
+            return _pld_epsilon(q, sigma, steps, delta, PLD_COARSE_DISCRETIZATION)
         return epsilon_dpsgd(q, sigma, steps, delta, accountant)
 
     def final_eps(sigma: float) -> float:

@@ -38,7 +38,7 @@ import functools
 import math
 from collections.abc import Sequence
 
-from dpsynth_core.privacy.accountants import PLD_DISCRETIZATION, subsampled_gaussian_pld
+from dpsynth_core.privacy.accountants import PLD_COARSE_DISCRETIZATION, PLD_DISCRETIZATION, subsampled_gaussian_pld
 from dpsynth_core.privacy.events import (
     DpSgdEvent,
     GaussianEvent,
@@ -57,16 +57,16 @@ def _private_events(events: Sequence) -> tuple:
     return tuple(e for e in events if not isinstance(e, PostProcessingEvent))
 
 
-def _pld_of(event: DpSgdEvent | GaussianEvent):
+def _pld_of(event: DpSgdEvent | GaussianEvent, discretization: float):
     from dp_accounting.pld import privacy_loss_distribution as pld
 
     if isinstance(event, DpSgdEvent):  # the one-step PLD is shared with epsilon_dpsgd (built once per sigma and q)
-        return subsampled_gaussian_pld(event.sampling_rate, event.noise_multiplier, PLD_DISCRETIZATION).self_compose(
+        return subsampled_gaussian_pld(event.sampling_rate, event.noise_multiplier, discretization).self_compose(
             event.steps)
     # T Gaussian releases with multiplier s are exactly one Gaussian with multiplier s / sqrt(T).
     return pld.from_gaussian_mechanism(
         standard_deviation=event.noise_multiplier / math.sqrt(event.compositions),
-        value_discretization_interval=PLD_DISCRETIZATION,
+        value_discretization_interval=discretization,
     )
 
 
@@ -78,7 +78,7 @@ def _rdp_epsilon(events: tuple, delta: float) -> float:
     return float(eps)
 
 
-def _pld_candidates(events: tuple, delta: float) -> dict[str, float]:
+def _pld_candidates(events: tuple, delta: float, discretization: float = PLD_DISCRETIZATION) -> dict[str, float]:
     from dp_accounting.pld import common
     from dp_accounting.pld import privacy_loss_distribution as pld
 
@@ -88,7 +88,7 @@ def _pld_candidates(events: tuple, delta: float) -> dict[str, float]:
     zcdp = [e for e in events if isinstance(e, ZCdpEvent)]
     base = None
     for event in exact:
-        base = _pld_of(event) if base is None else base.compose(_pld_of(event))
+        base = _pld_of(event, discretization) if base is None else base.compose(_pld_of(event, discretization))
     if not zcdp:
         return {"pld": float(base.get_epsilon_for_delta(delta))}
     out: dict[str, float] = {}
@@ -99,7 +99,7 @@ def _pld_candidates(events: tuple, delta: float) -> dict[str, float]:
             eps_i = zcdp_to_epsilon(event.rho, delta_i)
             approx = pld.from_privacy_parameters(
                 common.DifferentialPrivacyParameters(epsilon=eps_i, delta=delta_i),
-                value_discretization_interval=PLD_DISCRETIZATION,
+                value_discretization_interval=discretization,
             )
             composed = approx if composed is None else composed.compose(approx)
         eps = float(composed.get_epsilon_for_delta(delta))
@@ -134,3 +134,18 @@ def compose_with_details(events: Sequence, delta: float) -> tuple[float, str, di
         return 0.0, "none", {}
     eps, method, candidates = _compose_cached(private, float(delta))
     return eps, method, dict(candidates)
+
+
+@functools.lru_cache(maxsize=256)
+def _upper_bound_cached(events: tuple, delta: float) -> float:
+    finite = [v for v in _pld_candidates(events, delta, PLD_COARSE_DISCRETIZATION).values() if math.isfinite(v)]
+    return min(finite) if finite else _compose_cached(events, delta)[0]
+
+
+def compose_upper_bound(events: Sequence, delta: float) -> float:
+    """A few times faster than :func:`compose_epsilon` and not below it, up to rounding: the PLD candidates on a
+    10x coarser grid of the same nested, pessimistic kind, without RDP (events with no PLD candidate fall back to
+    the exact composition). For searches over a noise multiplier only: what a search finds is checked with
+    :func:`compose_epsilon` before it is used, and only that figure is recorded."""
+    private = _private_events(events)
+    return _upper_bound_cached(private, float(delta)) if private else 0.0

@@ -46,7 +46,7 @@ from typing import Any
 
 from dpsynth_core.errors import BudgetExceededError, ConfigError
 from dpsynth_core.privacy._validate import check_delta, check_positive
-from dpsynth_core.privacy.composition import compose_with_details
+from dpsynth_core.privacy.composition import compose_upper_bound, compose_with_details
 from dpsynth_core.privacy.events import (
     DpSgdEvent,
     GaussianEvent,
@@ -310,9 +310,11 @@ class PrivacyLedger:
         own = self._held.get(stage)
         return [r for r in live_reservations(conn) if r.id != own]
 
-    def projected_epsilon(self, event) -> float:
-        """Composed epsilon of the recorded events plus ``event`` (no budget check, writes nothing)."""
-        return self._compose([*self.events(), event])[0]
+    def projected_epsilon(self, event, upper_bound: bool = False) -> float:
+        """Composed epsilon of the recorded events plus ``event`` (no budget check, writes nothing);
+        ``upper_bound``: ``compose_upper_bound``'s faster figure, for searches."""
+        events = [*self.events(), event]
+        return compose_upper_bound(events, self.delta) if upper_bound else self._compose(events)[0]
 
     def check(self, stage: str, event) -> float:
         """Projected total epsilon if ``event`` were recorded (with the reservations of stages still
