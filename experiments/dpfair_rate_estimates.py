@@ -19,17 +19,19 @@ import numpy as np
 
 
 def estimates(run: Path) -> list[dict]:
-    from dpsynth_core.tabular import pipeline, private_data
+    from dpsynth_core.tabular import private_data
     from dpsynth_core.tabular.config import load_dpfair_config
     from dpsynth_core.tabular.fairness import load_targets
+    from dpsynth_core.tabular.run_schema import resolved_schema
+    from dpsynth_core.tabular.stages_model import _pooled_targets
 
     cfg = load_dpfair_config(run / "config.yaml")
-    schema = pipeline.resolved_schema(run)
+    schema = resolved_schema(run)
     private = private_data.load_private(cfg, run, schema)
     pos, target = schema.positive(), schema.target
     rows = []
     for fair in load_targets((run / "fair_targets.json").read_text()):
-        pooled = pipeline._pooled_targets(cfg, run, schema, fair)
+        pooled = _pooled_targets(cfg, run, schema, fair)
         for group, rates in (fair.group_rates or {}).items():
             members = private[private[fair.sensitive].astype(str) == group]
             rows.append({"run": run.name, "attribute": fair.sensitive, "group": group,
