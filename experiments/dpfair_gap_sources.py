@@ -26,16 +26,6 @@ import numpy as np
 import pandas as pd
 
 SENSITIVE = {"fertil2": "religion", "alcohol": "white"}  # experiments/dpfair_new_tables.py's TABLES
-MIN_ROWS = 50
-
-
-def _counted_groups(test: pd.DataFrame, sensitive: str) -> list[str]:
-    counts = test[sensitive].astype(str).value_counts()
-    return [g for g, n in counts.items() if n >= MIN_ROWS]
-
-
-def _spread(values: list[float]) -> float:
-    return float(max(values) - min(values))
 
 
 def _lr_predictions(train: pd.DataFrame, test: pd.DataFrame, schema, drop: tuple[str, ...] = ()) -> np.ndarray:
@@ -75,20 +65,20 @@ def _group_auc(train: pd.DataFrame, test: pd.DataFrame, schema, sensitive: str, 
 
 
 def sources(train: pd.DataFrame, test: pd.DataFrame, schema, sensitive: str) -> dict:
-    groups = _counted_groups(test, sensitive)
+    from dpsynth_core.tabular.group_gaps import group_gaps  # the gaps: groups with >= 50 real test rows
+
     pos = schema.positive()
-    in_groups = test[sensitive].astype(str)
+    truth = (test[schema.target] == pos).astype(int).to_numpy()
+    predicted = _lr_predictions(train, test, schema)
+    aware = group_gaps(truth, predicted, test[sensitive])
+    groups = list(aware.rows)
     rates = [float((train.loc[train[sensitive].astype(str) == g, schema.target] == pos).mean()) for g in groups
              if (train[sensitive].astype(str) == g).any()]
-
-    def dp_gap(pred: np.ndarray) -> float:
-        return _spread([float(pred[(in_groups == g).to_numpy()].mean()) for g in groups])
-
-    predicted = _lr_predictions(train, test, schema)
-    return {"rows_gap": _spread(rates) if len(rates) >= 2 else None,
-            "lr_gap": dp_gap(predicted),
+    unaware = group_gaps(truth, _lr_predictions(train, test, schema, drop=(sensitive,)), test[sensitive])
+    return {"rows_gap": float(max(rates) - min(rates)) if len(rates) >= 2 else None,
+            "lr_gap": aware.dp,
             "predicted_positive": float(predicted.mean()),
-            "lr_gap_unaware": dp_gap(_lr_predictions(train, test, schema, drop=(sensitive,))),
+            "lr_gap_unaware": unaware.dp,
             "group_auc": _group_auc(train, test, schema, sensitive, groups)}
 
 

@@ -22,7 +22,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from dpsynth_core.privacy.composition import compose_upper_bound, compose_with_details
+from dpsynth_core.privacy.composition import compose_epsilon, compose_upper_bound, compose_with_details
 from dpsynth_core.runs.contract import Stage
 from dpsynth_core.runs.files import atomic_write_text
 
@@ -42,10 +42,8 @@ class PlanningView:
         return getattr(self.ledger, name)
 
     def projected_epsilon(self, event, upper_bound: bool = False) -> float:
-        events = [*self.ledger.events(), *self.planned, event]
-        if upper_bound:
-            return compose_upper_bound(events, self.ledger.delta)
-        return compose_with_details(events, self.ledger.delta)[0]
+        compose = compose_upper_bound if upper_bound else compose_epsilon
+        return compose([*self.ledger.events(), *self.planned, event], self.ledger.delta)
 
     def total_epsilon(self) -> float:
         events = [*self.ledger.events(), *self.planned]
