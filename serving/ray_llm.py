@@ -93,6 +93,8 @@ def llm_config_kwargs(model: ModelDeploymentConfig, source: str, max_prompt_toke
                         # ours, not Ray LLM's no-op default: the replica and the tasks it starts are quiet too
                         "worker_process_setup_hook": "dpsynth_core.quiet.ray_worker_setup"},
         "log_engine_metrics": False,
+        # a local model directory needs no per-node download task (a fresh worker that returns the path as is)
+        "callback_config": {"callback_class": "serving.ray_llm_node:LocalModelNodeInit"},
     }
     if model.num_gpus <= 0:
         kwargs["accelerator_config"] = {"kind": "cpu"}

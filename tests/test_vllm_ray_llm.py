@@ -58,6 +58,26 @@ def test_llm_config_keeps_the_replica_as_quiet_as_the_caller(monkeypatch) -> Non
         == "WARNING"  # as the offline engine's default (engines.vllm_engine.vllm_process_env)
 
 
+def test_a_local_model_skips_ray_llms_download_task(tmp_path) -> None:
+    """Before its engine starts, a replica runs a Ray task per node that "downloads" the model: for a local
+    directory a fresh worker that returns the path unchanged. Our callback skips it there, never for remote storage."""
+    import asyncio
+
+    require_vllm("ray.serve.llm")
+    from ray.serve.llm import LLMConfig
+
+    from serving.ray_llm_node import LocalModelNodeInit
+
+    kwargs = llm_config_kwargs(ModelDeploymentConfig(name="smol"), str(tmp_path), max_prompt_tokens=100)
+    assert kwargs["callback_config"] == {"callback_class": "serving.ray_llm_node:LocalModelNodeInit"}
+    for source, runs_the_task in ((str(tmp_path), False), (str(tmp_path / "absent"), True),
+                                  ("s3://bucket/model", True)):
+        config = LLMConfig(**{**kwargs, "model_loading_config": {"model_id": "smol", "model_source": source}})
+        callback = LocalModelNodeInit(llm_config=config)
+        asyncio.run(callback.on_before_node_init())
+        assert callback.ctx.run_init_node is runs_the_task, source
+
+
 def test_llm_config_on_a_gpu_asks_for_one() -> None:
     kwargs = llm_config_kwargs(ModelDeploymentConfig(name="g", num_gpus=1), "/m", max_prompt_tokens=100)
     assert kwargs["placement_group_config"] == {"bundles": [{"CPU": 1.0, "GPU": 1}]}
