@@ -78,12 +78,8 @@ def _aim_noise_off(cfg, root: str) -> dict:
     run = Path(root)
     schema = resolved_schema(run)
     private = private_data.load_private(cfg, run, schema)
-    # without noise a marginal measured once is exact: one round per 1-way and 2-way marginal, not AIM's 16 per
-    # column that average the noise of repeated measurements away
-    columns = len(schema.columns)
     synth = aim_synthesize(private, schema, epsilon=cfg.epsilon, ledger=_NoLedger(PrivacyLedger.open(run).delta),
-                           num_rows=cfg.num_rows, bins=cfg.bins, seed=cfg.sample_seed, rho=NOISE_OFF_RHO,
-                           rounds=columns + columns * (columns - 1) // 2)
+                           num_rows=cfg.num_rows, bins=cfg.bins, seed=cfg.sample_seed, rho=NOISE_OFF_RHO)
     atomic_write_text(run / "synthetic.csv", synth.to_csv(index=False))
     return {"rows": len(synth)}
 

@@ -44,13 +44,11 @@ def aim_synthesize(
     bins: int = 16,
     seed: int = 0,
     rho: float | None = None,
-    rounds: int | None = None,
 ) -> pd.DataFrame:
     """Fit AIM on ``real`` (validated against ``schema``) and sample ``num_rows`` rows (a public
     number: sampling as many rows as the private table has would publish its size). ``rho``: spend
     exactly this zCDP rho instead of the one (epsilon, delta) converts to (the release audit's noise-off
-    mode passes an enormous one, with a ledger that records nothing). ``rounds``: AIM's planned rounds
-    (None: its default, 16 per column)."""
+    mode passes an enormous one, with a ledger that records nothing)."""
     from snsynth.transform import BinTransformer, LabelTransformer, TableTransformer
     from snsynth.utils import cdp_rho
 
@@ -67,9 +65,7 @@ def aim_synthesize(
     ]
     tt = TableTransformer(transformers)
     tt.fit(_public_frame(schema, bins))  # public: no epsilon, no private data
-    # secret selection noise; rho None: AIM converts
-    synth = make_aim(float(epsilon), float(ledger.delta), rho=rho, verbose=False,
-                     **({} if rounds is None else {"rounds": rounds}))
+    synth = make_aim(float(epsilon), float(ledger.delta), rho=rho, verbose=False)  # secret selection noise; rho None: AIM converts
     with contextlib.redirect_stdout(io.StringIO()):
         synth.fit(real, transformer=tt, preprocessor_eps=0.0)
         out = sample_rows(synth, num_rows, seed)  # post-processing: seeded sampling only
