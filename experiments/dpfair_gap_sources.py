@@ -29,17 +29,10 @@ SENSITIVE = {"fertil2": "religion", "alcohol": "white"}  # experiments/dpfair_ne
 
 
 def _lr_predictions(train: pd.DataFrame, test: pd.DataFrame, schema, drop: tuple[str, ...] = ()) -> np.ndarray:
-    from sklearn.linear_model import LogisticRegression
+    """The evaluate stage's logistic regression (TSTR), trained on ``train`` without the columns ``drop``."""
+    from dpsynth_core.tabular.evaluate import tstr_predictions
 
-    from dpsynth_core.tabular.evaluate import encode_matrix
-
-    pos = schema.positive()
-    y = (train[schema.target] == pos).astype(int).to_numpy()
-    if len(np.unique(y)) < 2:
-        return np.full(len(test), int(y[0]))
-    x_train = encode_matrix(train, schema, (schema.target, *drop))
-    x_test = encode_matrix(test, schema, (schema.target, *drop))
-    return LogisticRegression(max_iter=2000).fit(x_train, y).predict(x_test)
+    return tstr_predictions(train, test, schema.select([n for n in schema.names if n not in drop]))[1]["logreg"]
 
 
 def _group_auc(train: pd.DataFrame, test: pd.DataFrame, schema, sensitive: str, groups: list[str]) -> float | None:
